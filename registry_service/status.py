@@ -1,0 +1,30 @@
+"""gRPC statuses with google.rpc details, so clients see which field was wrong and why."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+from google.protobuf import any_pb2
+from google.protobuf.message import Message
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from registry_service.errors import FieldViolation
+
+
+def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str, details: Sequence[Message] = ()) -> None:
+    status = status_pb2.Status(code=code.value[0], message=message)
+    for detail in details:
+        packed = any_pb2.Any()
+        packed.Pack(detail)
+        status.details.append(packed)
+    context.abort_with_status(rpc_status.to_status(status))
+
+
+def bad_request(violations: Sequence[FieldViolation]) -> error_details_pb2.BadRequest:
+    return error_details_pb2.BadRequest(
+        field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description) for v in violations
+        ]
+    )

@@ -1,0 +1,61 @@
+"""Options and error reporting shared by the CLI's commands."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import grpc
+
+from tooltrie.client import RegistryClient, error_details
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def registry_options(command: F) -> F:
+    """--registry, --token and --tls-ca, turned into a `client` argument."""
+
+    @click.option(
+        "--registry",
+        envvar="TOOLTRIE_REGISTRY",
+        default=None,
+        help="Registry address HOST:PORT [env TOOLTRIE_REGISTRY; default 127.0.0.1:50151].",
+    )
+    @click.option("--token", default=None, help="Bearer token for writes [env TOOLTRIE_TOKEN; default: local admin].")
+    @click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
+    @functools.wraps(command)
+    def wrapper(registry: str | None, token: str | None, tls_ca: Path | None, **kwargs: Any) -> Any:
+        with RegistryClient(registry, token=token, tls_ca=tls_ca) as client:
+            return command(client=client, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def reports_rpc_errors(command: F) -> F:
+    """Prints a failed call's status, message and field violations, and exits non-zero."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except grpc.RpcError as error:
+            code = error.code()  # type: ignore[attr-defined]
+            click.echo(f"error: {code.name}: {error.details()}", err=True)  # type: ignore[attr-defined]
+            for violation in error_details(error):
+                click.echo(f"  {violation.field}: {violation.description}", err=True)
+            if code == grpc.StatusCode.UNAVAILABLE:
+                click.echo("  is the service running? start one with `tooltrie registry serve`", err=True)
+            raise SystemExit(2 if code == grpc.StatusCode.INVALID_ARGUMENT else 1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
