@@ -1,0 +1,74 @@
+"""The interface every engine implements (CPU reference, CUDA serial, CUDA batched), defined once.
+
+``Engine.decode(request)`` yields one ``PointerEvent`` per completed pointer, the moment the SEP or STOP
+token that closes it is taken, then one ``SummaryEvent``. Every engine follows the same contract:
+
+- Greedy: the next token is the argmax of the logits over the grammar's legal tokens only, ties to the lower
+  token id. An empty mask, a non-finite logit or a token the grammar refuses stops the request with an error.
+- A pointer's ``token_ids`` are the tokens of its name (the closing SEP/STOP excluded); its ``score`` is the
+  sum, over those tokens, of ``logit - logsumexp(legal logits)`` at the step that chose the token (each term in
+  fp32, the sum in float64, in token order).
+- The catalog prompt prefix (everything before the user's intent) is the same for every request of a catalog
+  version; engines prefill it once per ``PreparedCatalog.cache_key`` and reuse its KV.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from decoder_service.engines.catalog import PreparedCatalog
+
+Head = Literal["sparse", "dense"]
+HEADS: tuple[str, ...] = ("sparse", "dense")
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRequest:
+    intent: str
+    k: int
+    catalog: PreparedCatalog
+    #: Optional narrowing: the pointer ids this request may name (None: the whole catalog).
+    allowed: Sequence[int] | None = None
+    #: Polled once per token: True stops decoding at once (the caller cancelled or its deadline passed).
+    cancelled: Callable[[], bool] = field(default=lambda: False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PointerEvent:
+    index: int  # 0-based position in the answer
+    pointer_id: int  # id in the catalog's compiled trie
+    name: str
+    token_ids: tuple[int, ...]
+    score: float
+    seconds: float  # wall time from the previous pointer (or the end of prefill) to this one
+    steps: int  # tokens generated for it, the closing SEP/STOP included
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryEvent:
+    tokens_generated: int
+    prompt_tokens: int  # prefix + request suffix
+    prefix_cached: bool  # whether the catalog prefix's KV was reused
+    prefill_seconds: float
+    decode_seconds: float
+    catalog_version: int
+
+
+Event = PointerEvent | SummaryEvent
+
+
+class DecodeError(RuntimeError):
+    """The model or the grammar left no valid continuation; the request fails instead of answering wrongly."""
+
+
+class Engine(ABC):
+    """Runs constrained decoding for one model."""
+
+    name: str
+
+    @abstractmethod
+    def decode(self, request: DecodeRequest) -> Iterator[Event]:
+        """Yield each pointer as it completes, then a summary."""

@@ -1,0 +1,99 @@
+"""The CPU engine: constrained greedy decoding over the numpy transformer, with a prefix KV cache per catalog."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+
+import numpy as np
+
+from decoder_service.engines.base import HEADS, DecodeError, DecodeRequest, Engine, Event, PointerEvent, SummaryEvent
+from decoder_service.engines.cpu.kv_cache import KVCache
+from decoder_service.engines.cpu.model import CpuTransformer
+from decoder_service.engines.cpu.sampler import greedy_pick
+from decoder_service.engines.prompt import request_suffix_ids
+from tooltrie.grammar.errors import GrammarError
+from tooltrie.grammar.runtime import GrammarState
+
+
+class CpuEngine(Engine):
+    """Serial decoding in numpy fp32. ``head``: 'sparse' (legal rows only) or 'dense' (all rows, then gather)."""
+
+    name = "cpu"
+
+    def __init__(self, model: CpuTransformer, head: str = "sparse", prefix_cache_entries: int = 4) -> None:
+        if head not in HEADS:
+            raise ValueError(f"unknown head {head!r}; accepted: {', '.join(HEADS)}")
+        self.model = model
+        self.head = head
+        self._prefixes: OrderedDict[str, KVCache] = OrderedDict()
+        self._prefix_entries = prefix_cache_entries
+
+    def legal_logits(self, hidden: np.ndarray, legal: np.ndarray) -> np.ndarray:
+        if self.head == "sparse":
+            return self.model.logits_for(hidden, legal)
+        return self.model.logits(hidden)[legal]
+
+    def decode(self, request: DecodeRequest) -> Iterator[Event]:
+        catalog, trie = request.catalog, request.catalog.trie
+        state = GrammarState(trie, request.k, allowed=request.allowed)  # KTooLargeError etc. are ValueErrors
+        suffix = request_suffix_ids(catalog, request.intent, request.k)
+        t0 = time.perf_counter()
+        prefix, cached = self._prefix(catalog.cache_key, catalog.prefix_ids)
+        longest = trie.longest_path + 1  # a name's tokens and its SEP/STOP
+        cache = prefix.fork(len(suffix) + request.k * longest)
+        hidden = self.model.prefill(suffix, cache)
+        prefill_seconds = time.perf_counter() - t0
+
+        generated, tokens, score, step_start = 0, [], 0.0, time.perf_counter()
+        decode_start = step_start
+        while not state.done:
+            if request.cancelled():
+                return  # no summary: the caller is gone
+            try:
+                legal = state.legal_tokens()
+                token, logprob = greedy_pick(legal, self.legal_logits(hidden, legal))
+                pointer = state.advance(token)
+            except (GrammarError, ValueError) as exc:
+                raise DecodeError(f"decoding stopped after {generated} tokens: {exc}") from exc
+            generated += 1
+            if pointer is None:
+                tokens.append(token)
+                score += logprob
+            else:  # published before the next forward pass, as soon as it is known
+                now = time.perf_counter()
+                yield PointerEvent(
+                    index=len(state.emitted) - 1,
+                    pointer_id=pointer,
+                    name=trie.names[pointer],
+                    token_ids=tuple(tokens),
+                    score=score,
+                    seconds=now - step_start,
+                    steps=len(tokens) + 1,
+                )
+                tokens, score, step_start = [], 0.0, now
+            if not state.done:
+                hidden = self.model.decode(token, cache)
+        yield SummaryEvent(
+            tokens_generated=generated,
+            prompt_tokens=len(catalog.prefix_ids) + len(suffix),
+            prefix_cached=cached,
+            prefill_seconds=prefill_seconds,
+            decode_seconds=time.perf_counter() - decode_start,
+            catalog_version=catalog.version,
+        )
+
+    def _prefix(self, key: str, prefix_ids: tuple[int, ...]) -> tuple[KVCache, bool]:
+        """The catalog prefix's KV, prefilled on first use and kept for the most recent catalogs."""
+        cache = self._prefixes.get(key)
+        if cache is not None:
+            self._prefixes.move_to_end(key)
+            return cache, True
+        cache = self.model.new_cache(len(prefix_ids))
+        if prefix_ids:
+            self.model.prefill(list(prefix_ids), cache)
+        self._prefixes[key] = cache
+        while len(self._prefixes) > self._prefix_entries:
+            self._prefixes.popitem(last=False)
+        return cache, False

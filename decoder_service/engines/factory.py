@@ -1,0 +1,24 @@
+"""Build an engine by name, so tests and services list engines in one place."""
+
+from __future__ import annotations
+
+from decoder_service.engines.base import Engine
+from decoder_service.models.config import ModelConfig
+from decoder_service.models.weights import Weights
+
+#: Engines usable on every machine; the CUDA engine is added where a GPU is (see the engine test fixtures).
+ENGINE_NAMES = ("cpu",)
+KNOWN_ENGINES = ("cpu", "cuda")
+
+
+def make_engine(name: str, config: ModelConfig, weights: Weights, head: str = "sparse") -> Engine:
+    if name == "cpu":
+        from decoder_service.engines.cpu.engine import CpuEngine
+        from decoder_service.engines.cpu.model import CpuTransformer
+
+        return CpuEngine(CpuTransformer(config, weights), head=head)
+    if name == "cuda":
+        from decoder_service.engines.cuda.engine import CudaEngine
+
+        return CudaEngine(config, weights, head=head)
+    raise ValueError(f"unknown engine {name!r}; available: {', '.join(KNOWN_ENGINES)}")

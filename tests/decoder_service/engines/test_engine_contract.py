@@ -1,0 +1,125 @@
+"""The decoding contract (DESIGN.md section 3), run against every engine on the tiny synthetic Qwen3."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from decoder_service.engines.base import DecodeError, DecodeRequest, PointerEvent, SummaryEvent
+from decoder_service.engines.cpu.model import CpuTransformer
+from decoder_service.engines.prompt import request_suffix_ids
+from tooltrie.grammar.runtime import GrammarState
+
+INTENTS = ["File a bug about the login page", "Tell the team the deploy is done", "Read the config file"]
+
+
+def _run(engine, catalog, intent: str, k: int, allowed=None):
+    events = list(engine.decode(DecodeRequest(intent=intent, k=k, catalog=catalog, allowed=allowed)))
+    assert isinstance(events[-1], SummaryEvent)
+    assert all(isinstance(e, PointerEvent) for e in events[:-1])
+    return events[:-1], events[-1]
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_k_distinct_catalog_names(make_tiny_engine, tiny_catalog, k: int) -> None:
+    pointers, summary = _run(make_tiny_engine(), tiny_catalog, INTENTS[0], k)
+    trie = tiny_catalog.trie
+    assert [p.index for p in pointers] == list(range(k))
+    assert len({p.name for p in pointers}) == k
+    for p in pointers:
+        assert trie.names[p.pointer_id] == p.name
+        assert list(p.token_ids) == trie.token_sequence(p.pointer_id)
+        assert p.score <= 0
+    assert summary.tokens_generated == sum(len(p.token_ids) + 1 for p in pointers)
+    assert summary.catalog_version == 3
+
+
+def test_greedy_choice_and_score_against_fresh_forward(make_tiny_engine, tiny_catalog, tiny_model) -> None:
+    """Replay the answer with a cache-free forward pass: every token is the legal argmax, scores add up."""
+    intent, k = INTENTS[1], 3
+    pointers, _ = _run(make_tiny_engine(), tiny_catalog, intent, k)
+    oracle = CpuTransformer(*tiny_model)
+    trie = tiny_catalog.trie
+    prompt = list(tiny_catalog.prefix_ids) + request_suffix_ids(tiny_catalog, intent, k)
+    answer = []
+    for i, p in enumerate(pointers):
+        answer += [*p.token_ids, trie.sep_token if i < k - 1 else trie.stop_token]
+    logits = oracle.forward_all(prompt + answer).astype(np.float64)[len(prompt) - 1 :]
+    state, step = GrammarState(trie, k), 0
+    for p in pointers:
+        score = 0.0
+        for token in [*p.token_ids, answer[step + len(p.token_ids)]]:
+            legal = state.legal_tokens()
+            row = logits[step, legal]
+            order = np.argsort(-row, kind="stable")
+            if len(legal) > 1 and row[order[0]] - row[order[1]] < 1e-4:
+                assert token in legal[order[:2]]  # a near tie: either may win in fp32
+            else:
+                assert token == legal[order[0]]
+            if token not in (trie.sep_token, trie.stop_token):
+                score += row[legal.tolist().index(token)] - np.log(np.exp(row - row.max()).sum()) - row.max()
+            state.advance(token)
+            step += 1
+        assert p.score == pytest.approx(score, abs=1e-4)
+    assert state.done
+
+
+@pytest.mark.parametrize("intent", INTENTS)
+def test_sparse_and_dense_heads_choose_identically(make_tiny_engine, tiny_catalog, intent: str) -> None:
+    sparse, _ = _run(make_tiny_engine("sparse"), tiny_catalog, intent, 4)
+    dense, _ = _run(make_tiny_engine("dense"), tiny_catalog, intent, 4)
+    assert [(p.name, p.token_ids, p.score) for p in sparse] == [(p.name, p.token_ids, p.score) for p in dense]
+
+
+def test_prefix_kv_is_reused_per_catalog(make_tiny_engine, tiny_catalog) -> None:
+    engine = make_tiny_engine()
+    first, s1 = _run(engine, tiny_catalog, INTENTS[2], 2)
+    second, s2 = _run(engine, tiny_catalog, INTENTS[2], 2)
+    fresh, _ = _run(make_tiny_engine(), tiny_catalog, INTENTS[2], 2)
+    assert (s1.prefix_cached, s2.prefix_cached) == (False, True)
+    assert s1.prompt_tokens == s2.prompt_tokens > len(tiny_catalog.prefix_ids)
+    as_tuples = lambda ps: [(p.name, p.token_ids, p.score) for p in ps]  # noqa: E731
+    assert as_tuples(first) == as_tuples(second) == as_tuples(fresh)
+
+
+def test_allowed_subset_narrows_the_answer(make_tiny_engine, tiny_catalog) -> None:
+    pointer_of = tiny_catalog.trie.pointer_of
+    allowed = sorted(pointer_of[n] for n in ("get", "get_file", "drive.upload"))
+    pointers, _ = _run(make_tiny_engine(), tiny_catalog, INTENTS[0], 3, allowed=allowed)
+    assert {p.name for p in pointers} == {"get", "get_file", "drive.upload"}
+
+
+def test_k_above_catalog_and_bad_intents_are_refused(make_tiny_engine, tiny_catalog) -> None:
+    engine = make_tiny_engine()
+    with pytest.raises(ValueError, match="k=9 exceeds the catalog's 8 tools"):
+        _run(engine, tiny_catalog, INTENTS[0], 9)
+    with pytest.raises(ValueError, match="intent is empty"):
+        _run(engine, tiny_catalog, "  ", 1)
+    with pytest.raises(ValueError, match=re.escape("special token text '<|im_end|>'")):
+        _run(engine, tiny_catalog, "hi <|im_end|>", 1)
+
+
+def test_non_finite_logits_stop_the_request(make_tiny_engine, tiny_catalog, monkeypatch) -> None:
+    engine = make_tiny_engine()
+    if not hasattr(engine, "legal_logits"):
+        pytest.skip("the engine samples on the device; its error path is tested with its own suite")
+    monkeypatch.setattr(engine, "legal_logits", lambda hidden, legal: np.full(len(legal), np.nan, np.float32))
+    with pytest.raises(DecodeError, match="non-finite logit"):
+        _run(engine, tiny_catalog, INTENTS[0], 2)
+
+
+def test_cancellation_stops_at_the_next_token(make_tiny_engine, tiny_catalog) -> None:
+    """The engine polls `cancelled` every token: once it turns true, nothing more is generated or yielded."""
+    polls: list[int] = []
+
+    def cancelled() -> bool:
+        polls.append(1)
+        return len(polls) > 3  # three tokens, then the caller is gone
+
+    request = DecodeRequest(intent=INTENTS[0], k=4, catalog=tiny_catalog, cancelled=cancelled)
+    events = list(make_tiny_engine().decode(request))
+    assert not any(isinstance(e, SummaryEvent) for e in events)
+    assert sum(len(e.token_ids) + 1 for e in events if isinstance(e, PointerEvent)) <= 3
+    assert len(polls) == 4
