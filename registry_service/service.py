@@ -6,7 +6,7 @@ import functools
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
@@ -15,8 +15,8 @@ from google.rpc import error_details_pb2
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from registry_service import pagination, validation
-from registry_service.auth import Authenticator
 from registry_service.canonical import ToolSpec, canonical_json
+from registry_service.distribution import ActivationBus, SubscriptionSession
 from registry_service.errors import (
     Aborted,
     DeadlineExceeded,
@@ -25,10 +25,14 @@ from registry_service.errors import (
     NotFound,
     RegistryError,
 )
-from registry_service.status import abort, bad_request
+from registry_service.grammars import CompileOutcome, GrammarBuilder
+from registry_service.nodes import NodeLedger
 from registry_service.store import CatalogStore, VersionInfo
+from tooltrie.auth import Authenticator
+from tooltrie.grammar.tokenizers.blob import TokenizerBlob
 from tooltrie.registry.v1 import registry_pb2 as pb
 from tooltrie.registry.v1 import registry_pb2_grpc
+from tooltrie.rpc_status import abort, bad_request
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +93,9 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
         self.auth = auth
         self.limits = limits
         self.ready = threading.Event()
+        self.grammars = GrammarBuilder(store.db)
+        self.ledger = NodeLedger(store.db)
+        self.bus = ActivationBus()
 
     @rpc(write=True)
     def PushCatalog(self, request: pb.PushCatalogRequest, context: grpc.ServicerContext, actor: str) -> Any:
@@ -97,7 +104,13 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
             request.catalog, tools, actor, activate=request.activate, before_commit=lambda: _check_deadline(context)
         )
         log.info("push %s v%d by %s (created=%s)", request.catalog, result.version.number, actor, result.created)
-        return pb.PushCatalogResponse(version=_version_pb(result.version), created=result.created)
+        if request.activate:
+            self.bus.notify()
+        # After the commit: a tokenizer the names do not compile for is reported, and the version is kept.
+        compiled = self.grammars.compile_all(request.catalog, result.version.number)
+        return pb.PushCatalogResponse(
+            version=_version_pb(result.version), created=result.created, compiled=[_compile_pb(c) for c in compiled]
+        )
 
     @rpc(write=False)
     def GetCatalog(self, request: pb.GetCatalogRequest, context: grpc.ServicerContext) -> Any:
@@ -153,6 +166,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
         expected = request.expected_current_version if request.HasField("expected_current_version") else None
         result = self.store.activate(request.catalog, request.version, actor, expected_current=expected)
         log.info("activate %s v%d by %s (was v%d)", request.catalog, request.version, actor, result.previous_version)
+        self.bus.notify()
         return pb.ActivateVersionResponse(version=_version_pb(result.version), previous_version=result.previous_version)
 
     @rpc(write=True)
@@ -160,6 +174,7 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
         validation.require_catalog_name(request.catalog)
         result = self.store.rollback(request.catalog, actor)
         log.info("rollback %s to v%d by %s", request.catalog, result.version.number, actor)
+        self.bus.notify()
         return pb.RollbackResponse(version=_version_pb(result.version), previous_version=result.previous_version)
 
     @rpc(write=False)
@@ -183,6 +198,78 @@ class RegistryServicer(registry_pb2_grpc.RegistryServicer):
             ],
             next_page_token=pagination.encode({"before": page[-1].id}) if more else "",
         )
+
+    @rpc(write=True)
+    def RegisterTokenizer(self, request: pb.RegisterTokenizerRequest, context: grpc.ServicerContext, actor: str) -> Any:
+        t = request.tokenizer
+        created = self.grammars.register(TokenizerBlob(t.fingerprint, t.kind, t.data, t.name))
+        return pb.RegisterTokenizerResponse(created=created)
+
+    @rpc(write=True)
+    def CompileCatalog(self, request: pb.CompileCatalogRequest, context: grpc.ServicerContext, actor: str) -> Any:
+        validation.require_catalog_name(request.catalog)
+        version = self.store.get_version(request.catalog, request.version)
+        mode = "char" if request.mode == pb.GRAMMAR_MODE_CHAR else "token"
+        outcome = self.grammars.compile(request.catalog, version.number, request.tokenizer_fingerprint, mode)
+        return pb.CompileCatalogResponse(version=_version_pb(version), result=_compile_pb(outcome))
+
+    @rpc(write=False)
+    def GetCatalogStatus(self, request: pb.GetCatalogStatusRequest, context: grpc.ServicerContext) -> Any:
+        validation.require_catalog_name(request.catalog)
+        active, nodes = self.ledger.status(request.catalog)
+        return pb.GetCatalogStatusResponse(
+            catalog=request.catalog,
+            active_version=active,
+            decoders=[
+                pb.DecoderGrammarStatus(
+                    node_id=n.node_id,
+                    tokenizer_fingerprint=n.tokenizer_fingerprint,
+                    connected=n.connected,
+                    applied_version=n.applied_version,
+                    applied_at=_timestamp(n.applied_at) if n.applied_at else None,
+                    nacked_version=n.nacked_version,
+                    nack_error=n.nack_error,
+                    last_seen=_timestamp(n.last_seen),
+                )
+                for n in nodes
+            ],
+        )
+
+    def Subscribe(self, request_iterator: Iterator[pb.SubscribeRequest], context: grpc.ServicerContext) -> Any:
+        if not self.ready.is_set():
+            abort(context, grpc.StatusCode.UNAVAILABLE, "registry is starting: database not ready yet; retry")
+        if self.auth.identify(context.invocation_metadata()) is None:
+            abort(context, grpc.StatusCode.UNAUTHENTICATED, "Subscribe needs a valid bearer token")
+        session = SubscriptionSession(self.store.db, self.store, self.grammars, self.ledger, self.bus, context)
+        try:
+            yield from session.run(request_iterator)
+        except ValueError as exc:
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except InvalidArgument as exc:
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), [bad_request(exc.violations)])
+        except (OperationalError, DBAPIError):
+            abort(context, grpc.StatusCode.UNAVAILABLE, "database unavailable; reconnect shortly")
+
+
+def _compile_pb(outcome: CompileOutcome) -> pb.CompileResult:
+    stats = outcome.stats
+    return pb.CompileResult(
+        tokenizer_fingerprint=outcome.tokenizer_fingerprint,
+        tokenizer_name=outcome.tokenizer_name,
+        mode=pb.GRAMMAR_MODE_CHAR if outcome.mode == "char" else pb.GRAMMAR_MODE_TOKEN,
+        ok=outcome.ok,
+        error=outcome.error,
+        stats=pb.CompileStats(
+            nodes=stats.get("n_nodes", 0),
+            edges=stats.get("n_edges", 0),
+            max_out_degree=stats.get("max_out_degree", 0),
+            depth=stats.get("depth", 0),
+            bytes=stats.get("device_bytes", 0),
+            root_out_degree=stats.get("root_out_degree", 0),
+            fits_constant_bank=stats.get("fits_constant_bank", False),
+            compile_seconds=stats.get("compile_seconds", 0.0),
+        ),
+    )
 
 
 def _check_deadline(context: grpc.ServicerContext) -> None:

@@ -7,16 +7,14 @@ Nothing is written unless the whole catalog passes.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from registry_service.canonical import ToolSpec, canonical_json
 from registry_service.errors import FieldViolation, InvalidArgument
+from tooltrie.names import NAME_RULE, name_problem
 from tooltrie.registry.v1 import registry_pb2
 
-NAME_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
-NAME_RULE = "1-128 characters of [A-Za-z0-9_.-]"
 # Violations travel in trailing metadata, which gRPC clients cap at 8 KiB by default: report the first
 # ones that fit in about 4 KiB (a caller with thousands of violations needs the first few, not all).
 MAX_REPORTED_BYTES = 4096
@@ -30,12 +28,8 @@ class CatalogLimits:
 
 
 def check_name(value: str, field: str) -> FieldViolation | None:
-    if not value:
-        return FieldViolation(field, f"missing; expected {NAME_RULE}")
-    if not NAME_PATTERN.fullmatch(value):
-        shown = value if len(value) <= 140 else value[:137] + "..."
-        return FieldViolation(field, f"{shown!r} ({len(value)} characters) is not {NAME_RULE}")
-    return None
+    problem = name_problem(value)
+    return FieldViolation(field, problem) if problem else None
 
 
 def require_catalog_name(name: str) -> None:

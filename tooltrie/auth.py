@@ -1,7 +1,7 @@
-"""Bearer tokens for writes: each token has a name, recorded as the author in the audit log.
+"""Bearer tokens: each token has a name (the registry records it as the author in its audit log).
 
-Secure by default: with no tokens configured, the registry generates an admin token on first start and
-keeps it in its data dir with mode 0600, where the CLI on the same machine finds it.
+The registry is secure by default: with no tokens configured, it generates an admin token on first start and
+keeps it in its data dir with mode 0600, where the CLI and decoders on the same machine find it.
 """
 
 from __future__ import annotations
@@ -42,12 +42,19 @@ def parse_token_entries(entries: Sequence[str], source: str) -> dict[str, str]:
 
 
 def load_server_tokens(tokens_file: Path | None) -> dict[str, str]:
-    """Tokens from --tokens-file, else $TOOLTRIE_REGISTRY_TOKENS, else the generated admin token."""
+    """Registry tokens: --tokens-file, else $TOOLTRIE_REGISTRY_TOKENS, else the generated admin token."""
+    return load_optional_tokens(tokens_file, TOKENS_ENV) or parse_token_entries(
+        [ensure_admin_token()], str(admin_token_path())
+    )
+
+
+def load_optional_tokens(tokens_file: Path | None, env_name: str) -> dict[str, str]:
+    """{token: name} from a file of NAME:TOKEN lines, else from a comma-separated environment variable, else {}."""
     if tokens_file is not None:
         return parse_token_entries(tokens_file.read_text().splitlines(), str(tokens_file))
-    if env := os.environ.get(TOKENS_ENV):
-        return parse_token_entries(env.split(","), TOKENS_ENV)
-    return parse_token_entries([ensure_admin_token()], str(admin_token_path()))
+    if env := os.environ.get(env_name):
+        return parse_token_entries(env.split(","), env_name)
+    return {}
 
 
 def ensure_admin_token() -> str:

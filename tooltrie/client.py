@@ -150,6 +150,22 @@ class RegistryClient:
     def rollback(self, catalog: str) -> pb.RollbackResponse:
         return self.stub.Rollback(pb.RollbackRequest(catalog=catalog), timeout=self.timeout, metadata=self._auth())
 
+    def register_tokenizer(self, blob: pb.TokenizerBlob) -> pb.RegisterTokenizerResponse:
+        request = pb.RegisterTokenizerRequest(tokenizer=blob)
+        return self.stub.RegisterTokenizer(request, timeout=self.timeout, metadata=self._auth())
+
+    def compile(
+        self, catalog: str, version: int, fingerprint: str, char_mode: bool = False
+    ) -> pb.CompileCatalogResponse:
+        mode = pb.GRAMMAR_MODE_CHAR if char_mode else pb.GRAMMAR_MODE_TOKEN
+        request = pb.CompileCatalogRequest(
+            catalog=catalog, version=version, tokenizer_fingerprint=fingerprint, mode=mode
+        )
+        return self.stub.CompileCatalog(request, timeout=self.timeout, metadata=self._auth())
+
+    def status(self, catalog: str) -> pb.GetCatalogStatusResponse:
+        return self.stub.GetCatalogStatus(pb.GetCatalogStatusRequest(catalog=catalog), timeout=self.timeout)
+
     def audit(self, catalog: str = "", page_size: int = 0) -> Iterator[pb.AuditEvent]:
         token = ""
         while True:

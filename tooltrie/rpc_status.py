@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import grpc
 from google.protobuf import any_pb2
@@ -10,7 +11,16 @@ from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from registry_service.errors import FieldViolation
+
+class _Violation(Protocol):
+    field: str
+    description: str
+
+
+def retry_info(seconds: float) -> error_details_pb2.RetryInfo:
+    info = error_details_pb2.RetryInfo()
+    info.retry_delay.FromMilliseconds(int(seconds * 1000))
+    return info
 
 
 def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str, details: Sequence[Message] = ()) -> None:
@@ -22,7 +32,7 @@ def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str, de
     context.abort_with_status(rpc_status.to_status(status))
 
 
-def bad_request(violations: Sequence[FieldViolation]) -> error_details_pb2.BadRequest:
+def bad_request(violations: Sequence[_Violation]) -> error_details_pb2.BadRequest:
     return error_details_pb2.BadRequest(
         field_violations=[
             error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description) for v in violations

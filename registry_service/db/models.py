@@ -1,13 +1,25 @@
 """The registry's schema (SQLAlchemy 2.0 typed ORM). Alembic owns its evolution: see migrations/.
 
-Later tables (tokenizers, compiled grammars, decoder nodes) hang off catalog_versions.id.
+Compiled grammars hang off catalog_versions.id and tokenizers.id; decoder nodes record what they run.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import BigInteger, DateTime, ForeignKey, Index, Integer, String, Text, TypeDecorator, UniqueConstraint
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -112,3 +124,60 @@ class AuditRow(Base):
     catalog_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
     version_number: Mapped[int] = mapped_column(Integer, default=0)
     detail: Mapped[str] = mapped_column(Text, default="{}")
+
+
+class TokenizerRow(Base):
+    """A tokenizer some decoder runs; every catalog version is compiled for each one."""
+
+    __tablename__ = "tokenizers"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(256))
+    kind: Mapped[str] = mapped_column(String(32))
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class CompiledGrammarRow(Base):
+    """One catalog version compiled for one tokenizer in one mode: the trie blob, or why it failed."""
+
+    __tablename__ = "compiled_grammars"
+    __table_args__ = (UniqueConstraint("version_id", "tokenizer_id", "mode", name="uq_compiled_grammars_key"),)
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    version_id: Mapped[int] = mapped_column(ForeignKey("catalog_versions.id", ondelete="CASCADE"))
+    tokenizer_id: Mapped[int] = mapped_column(ForeignKey("tokenizers.id", ondelete="CASCADE"))
+    mode: Mapped[str] = mapped_column(String(16))  # "token" or "char"
+    ok: Mapped[bool] = mapped_column(Boolean)
+    error: Mapped[str] = mapped_column(Text, default="")
+    # JSON object: nodes, edges, max_out_degree, depth, bytes, root_out_degree, fits_constant_bank, compile_seconds.
+    stats: Mapped[str] = mapped_column(Text, default="{}")
+    trie: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class DecoderNodeRow(Base):
+    __tablename__ = "decoder_nodes"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    node_id: Mapped[str] = mapped_column(String(256), unique=True)
+    tokenizer_fingerprint: Mapped[str] = mapped_column(String(64))
+    connected: Mapped[bool] = mapped_column(Boolean, default=False)
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class DecoderGrammarRow(Base):
+    """What one decoder runs for one catalog: its last ACK and its last NACK."""
+
+    __tablename__ = "decoder_grammars"
+    __table_args__ = (UniqueConstraint("node_id", "catalog_id", name="uq_decoder_grammars_key"),)
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("decoder_nodes.id", ondelete="CASCADE"))
+    catalog_id: Mapped[int] = mapped_column(ForeignKey("catalogs.id", ondelete="CASCADE"))
+    applied_version: Mapped[int] = mapped_column(Integer, default=0)
+    applied_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    nacked_version: Mapped[int] = mapped_column(Integer, default=0)
+    nack_error: Mapped[str] = mapped_column(Text, default="")
+    nacked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

@@ -9,10 +9,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from registry_service.auth import TokenConfigError, ensure_admin_token, parse_token_entries
 from registry_service.server import RegistryConfig, RegistryServer
 from tests.support.catalogs import mcp_bytes, tool
 from tests.support.registry import RunningRegistry
+from tooltrie.auth import TokenConfigError, ensure_admin_token, parse_token_entries
 from tooltrie.client import RegistryClient
 from tooltrie.paths import admin_token_path
 

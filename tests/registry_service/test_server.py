@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import signal
 import socket
-import subprocess
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -19,6 +19,8 @@ from registry_service.db.database import Database
 from registry_service.server import RegistryConfig, RegistryServer
 from tests.support.catalogs import mcp_bytes, synthetic_tools, tool
 from tests.support.registry import RegistryProcess, RunningRegistry, make_tokens, start_registry, write_tokens_file
+from tests.support.tls import self_signed_cert
+from tests.support.waiting import wait_until
 from tooltrie.client import RegistryClient
 
 
@@ -29,10 +31,7 @@ def health_status(address: str, service: str = "") -> int:
 
 
 def wait_for_status(address: str, wanted: int, seconds: float = 20) -> None:
-    deadline = time.monotonic() + seconds
-    while health_status(address) != wanted:
-        assert time.monotonic() < deadline, f"health never became {wanted}"
-        time.sleep(0.05)
+    wait_until(lambda: health_status(address) == wanted, f"health status {wanted}", seconds)
 
 
 def test_health_and_reflection(registry: RunningRegistry) -> None:
@@ -101,7 +100,7 @@ def test_sigterm_lets_the_running_push_finish(tmp_path: Path) -> None:
 
         pusher = threading.Thread(target=push)
         pusher.start()
-        time.sleep(0.3)
+        wait_until_write_lock_held(tmp_path / "r.db")  # the push is inside its transaction now
         registry.process.send_signal(signal.SIGTERM)
         pusher.join(timeout=60)
         assert registry.process.wait(timeout=30) == 0
@@ -114,31 +113,24 @@ def test_sigterm_lets_the_running_push_finish(tmp_path: Path) -> None:
         restarted.server.stop(grace=1)
 
 
+def wait_until_write_lock_held(db: Path, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        connection = sqlite3.connect(db, timeout=0, isolation_level=None)
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute("ROLLBACK")
+        except sqlite3.OperationalError:
+            return  # "database is locked": a writer holds it
+        finally:
+            connection.close()
+        time.sleep(0.005)
+    raise AssertionError("the push never took the write lock")
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_tls(tmp_path: Path) -> None:
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    cert, key = self_signed_cert(tmp_path)
     registry = start_tls_registry(tmp_path, cert, key)
     try:
         with RegistryClient(registry.address, token=registry.tokens["alice"], tls_ca=cert) as client:

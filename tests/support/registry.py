@@ -38,13 +38,18 @@ def write_tokens_file(path: Path, tokens: dict[str, str]) -> Path:
 
 
 def start_registry(
-    db_url: str, tmp_path: Path, limits: CatalogLimits | None = None, **config: object
+    db_url: str,
+    tmp_path: Path,
+    limits: CatalogLimits | None = None,
+    listen: str = "127.0.0.1:0",
+    tokens: dict[str, str] | None = None,
+    **config: object,
 ) -> RunningRegistry:
-    tokens = make_tokens("alice", "bob")
+    tokens = tokens or make_tokens("alice", "bob")
     server = RegistryServer(
         RegistryConfig(
             db_url=db_url,
-            listen="127.0.0.1:0",
+            listen=listen,
             tokens_file=write_tokens_file(tmp_path / "tokens", tokens),
             limits=limits or CatalogLimits(),
             db_check_seconds=0.2,

@@ -151,3 +151,55 @@ def audit(client: RegistryClient, name: str, limit: int) -> None:
         click.echo(f"{at} UTC  {event.actor:12} {event.action:9} {event.catalog} v{event.version}  {event.detail_json}")
         if count >= limit:
             break
+
+
+@catalog.command(name="compile")
+@click.argument("name")
+@click.option("--tokenizer", "spec", required=True, help="qwen3, qwen3.6, smollm2, gguf:PATH or hf:PATH.")
+@click.option("--version", type=int, default=0, help="Version number; default the active one.")
+@click.option("--mode", type=click.Choice(["token", "char"]), default="token", show_default=True)
+@registry_options
+@reports_rpc_errors
+def compile_command(client: RegistryClient, name: str, spec: str, version: int, mode: str) -> None:
+    """Compile a catalog version for a tokenizer (registering it with the registry) and print the stats."""
+    from tooltrie.grammar import load_tokenizer
+    from tooltrie.grammar.tokenizers.blob import to_blob
+
+    blob = to_blob(load_tokenizer(spec))
+    client.register_tokenizer(
+        pb.TokenizerBlob(fingerprint=blob.fingerprint, kind=blob.kind, data=blob.data, name=blob.name)
+    )
+    response = client.compile(name, version, blob.fingerprint, char_mode=mode == "char")
+    result = response.result
+    click.echo(
+        f"{name} v{response.version.number} for {result.tokenizer_name} ({result.tokenizer_fingerprint[:16]}), "
+        f"{mode} mode"
+    )
+    if not result.ok:
+        click.echo(f"compile failed: {result.error}", err=True)
+        raise SystemExit(1)
+    st = result.stats
+    bank = "fits" if st.fits_constant_bank else "does not fit"
+    click.echo(
+        f"  {st.nodes} nodes, {st.edges} edges, root out-degree {st.root_out_degree}, max out-degree "
+        f"{st.max_out_degree}, depth {st.depth}\n  {st.bytes} bytes on the device ({bank} the 64 KiB constant bank), "
+        f"compiled in {st.compile_seconds * 1000:.1f} ms"
+    )
+
+
+@catalog.command(name="status")
+@click.argument("name")
+@registry_options
+@reports_rpc_errors
+def catalog_status(client: RegistryClient, name: str) -> None:
+    """Which decoder runs which version of the catalog, and their last NACK."""
+    reply = client.status(name)
+    click.echo(f"{name}: active v{reply.active_version or '-'}")
+    if not reply.decoders:
+        click.echo("  no decoder has subscribed to it")
+    for d in reply.decoders:
+        state = "connected" if d.connected else "disconnected"
+        line = f"  {d.node_id}: v{d.applied_version or '-'} ({state})"
+        if d.nacked_version:
+            line += f"; refused v{d.nacked_version}: {d.nack_error}"
+        click.echo(line)

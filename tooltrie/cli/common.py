@@ -59,3 +59,5 @@ def setup_logging(verbose: bool = False) -> None:
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # Alembic narrates every migration step at INFO; the registry logs the outcome itself.
+    logging.getLogger("alembic").setLevel(logging.WARNING)

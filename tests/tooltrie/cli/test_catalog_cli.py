@@ -95,3 +95,15 @@ def test_unreachable_registry_says_so() -> None:
     result = CliRunner().invoke(main, ["catalog", "list", "--registry", "127.0.0.1:1"])
     assert result.exit_code == 1
     assert "UNAVAILABLE" in result.output and "tooltrie registry serve" in result.output
+
+
+def test_compile_prints_the_stats(sqlite_registry: RunningRegistry) -> None:
+    run(sqlite_registry, "catalog", "push", str(EXAMPLE_CATALOG), "--catalog", "workplace", "--activate")
+    result = run(sqlite_registry, "catalog", "compile", "workplace", "--tokenizer", "qwen3")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("workplace v1 for qwen3 (") and lines[0].endswith(", token mode")
+    assert "nodes" in lines[1] and "root out-degree" in lines[1]
+    assert "fits the 64 KiB constant bank" in lines[2]
+    status = run(sqlite_registry, "catalog", "status", "workplace")
+    assert status.output.splitlines() == ["workplace: active v1", "  no decoder has subscribed to it"]

@@ -40,6 +40,11 @@ class DecoderStub:
                 request_serializer=tooltrie_dot_decoder_dot_v1_dot_decoder__pb2.DecodeRequest.SerializeToString,
                 response_deserializer=tooltrie_dot_decoder_dot_v1_dot_decoder__pb2.DecodeResponse.FromString,
                 _registered_method=True)
+        self.GetStatus = channel.unary_unary(
+                '/tooltrie.decoder.v1.Decoder/GetStatus',
+                request_serializer=tooltrie_dot_decoder_dot_v1_dot_decoder__pb2.GetStatusRequest.SerializeToString,
+                response_deserializer=tooltrie_dot_decoder_dot_v1_dot_decoder__pb2.GetStatusResponse.FromString,
+                _registered_method=True)
 
 
 class DecoderServicer:
@@ -53,6 +58,13 @@ class DecoderServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStatus(self, request, context):
+        """What this decoder runs: engine, model, tokenizer and the grammars it holds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DecoderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -60,6 +72,11 @@ def add_DecoderServicer_to_server(servicer, server):
                     servicer.Decode,
                     request_deserializer=tooltrie_dot_decoder_dot_v1_dot_decoder__pb2.DecodeRequest.FromString,
                     response_serializer=tooltrie_dot_decoder_dot_v1_dot_decoder__pb2.DecodeResponse.SerializeToString,
+            ),
+            'GetStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStatus,
+                    request_deserializer=tooltrie_dot_decoder_dot_v1_dot_decoder__pb2.GetStatusRequest.FromString,
+                    response_serializer=tooltrie_dot_decoder_dot_v1_dot_decoder__pb2.GetStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +107,33 @@ class Decoder:
             '/tooltrie.decoder.v1.Decoder/Decode',
             tooltrie_dot_decoder_dot_v1_dot_decoder__pb2.DecodeRequest.SerializeToString,
             tooltrie_dot_decoder_dot_v1_dot_decoder__pb2.DecodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooltrie.decoder.v1.Decoder/GetStatus',
+            tooltrie_dot_decoder_dot_v1_dot_decoder__pb2.GetStatusRequest.SerializeToString,
+            tooltrie_dot_decoder_dot_v1_dot_decoder__pb2.GetStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -22,6 +22,12 @@ class CatalogView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CATALOG_VIEW_UNSPECIFIED: _ClassVar[CatalogView]
     CATALOG_VIEW_FULL: _ClassVar[CatalogView]
     CATALOG_VIEW_NAMES: _ClassVar[CatalogView]
+
+class GrammarMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GRAMMAR_MODE_UNSPECIFIED: _ClassVar[GrammarMode]
+    GRAMMAR_MODE_TOKEN: _ClassVar[GrammarMode]
+    GRAMMAR_MODE_CHAR: _ClassVar[GrammarMode]
 VERSION_STATE_UNSPECIFIED: VersionState
 VERSION_STATE_STAGED: VersionState
 VERSION_STATE_ACTIVE: VersionState
@@ -29,6 +35,9 @@ VERSION_STATE_RETIRED: VersionState
 CATALOG_VIEW_UNSPECIFIED: CatalogView
 CATALOG_VIEW_FULL: CatalogView
 CATALOG_VIEW_NAMES: CatalogView
+GRAMMAR_MODE_UNSPECIFIED: GrammarMode
+GRAMMAR_MODE_TOKEN: GrammarMode
+GRAMMAR_MODE_CHAR: GrammarMode
 
 class Tool(_message.Message):
     __slots__ = ("name", "description", "input_schema_json", "extra_json")
@@ -93,12 +102,14 @@ class PushCatalogRequest(_message.Message):
     def __init__(self, catalog: _Optional[str] = ..., mcp_tools_list_json: _Optional[bytes] = ..., tools: _Optional[_Union[ToolList, _Mapping]] = ..., activate: _Optional[bool] = ...) -> None: ...
 
 class PushCatalogResponse(_message.Message):
-    __slots__ = ("version", "created")
+    __slots__ = ("version", "created", "compiled")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
+    COMPILED_FIELD_NUMBER: _ClassVar[int]
     version: CatalogVersion
     created: bool
-    def __init__(self, version: _Optional[_Union[CatalogVersion, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+    compiled: _containers.RepeatedCompositeFieldContainer[CompileResult]
+    def __init__(self, version: _Optional[_Union[CatalogVersion, _Mapping]] = ..., created: _Optional[bool] = ..., compiled: _Optional[_Iterable[_Union[CompileResult, _Mapping]]] = ...) -> None: ...
 
 class GetCatalogRequest(_message.Message):
     __slots__ = ("catalog", "version", "view")
@@ -247,3 +258,207 @@ class ListAuditEventsResponse(_message.Message):
     events: _containers.RepeatedCompositeFieldContainer[AuditEvent]
     next_page_token: str
     def __init__(self, events: _Optional[_Iterable[_Union[AuditEvent, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class TokenizerBlob(_message.Message):
+    __slots__ = ("fingerprint", "kind", "data", "name")
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    fingerprint: str
+    kind: str
+    data: bytes
+    name: str
+    def __init__(self, fingerprint: _Optional[str] = ..., kind: _Optional[str] = ..., data: _Optional[bytes] = ..., name: _Optional[str] = ...) -> None: ...
+
+class RegisterTokenizerRequest(_message.Message):
+    __slots__ = ("tokenizer",)
+    TOKENIZER_FIELD_NUMBER: _ClassVar[int]
+    tokenizer: TokenizerBlob
+    def __init__(self, tokenizer: _Optional[_Union[TokenizerBlob, _Mapping]] = ...) -> None: ...
+
+class RegisterTokenizerResponse(_message.Message):
+    __slots__ = ("created",)
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    created: bool
+    def __init__(self, created: _Optional[bool] = ...) -> None: ...
+
+class CompileStats(_message.Message):
+    __slots__ = ("nodes", "edges", "max_out_degree", "depth", "bytes", "root_out_degree", "fits_constant_bank", "compile_seconds")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    EDGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_OUT_DEGREE_FIELD_NUMBER: _ClassVar[int]
+    DEPTH_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    ROOT_OUT_DEGREE_FIELD_NUMBER: _ClassVar[int]
+    FITS_CONSTANT_BANK_FIELD_NUMBER: _ClassVar[int]
+    COMPILE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    nodes: int
+    edges: int
+    max_out_degree: int
+    depth: int
+    bytes: int
+    root_out_degree: int
+    fits_constant_bank: bool
+    compile_seconds: float
+    def __init__(self, nodes: _Optional[int] = ..., edges: _Optional[int] = ..., max_out_degree: _Optional[int] = ..., depth: _Optional[int] = ..., bytes: _Optional[int] = ..., root_out_degree: _Optional[int] = ..., fits_constant_bank: _Optional[bool] = ..., compile_seconds: _Optional[float] = ...) -> None: ...
+
+class CompileResult(_message.Message):
+    __slots__ = ("tokenizer_fingerprint", "tokenizer_name", "mode", "ok", "error", "stats")
+    TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    tokenizer_fingerprint: str
+    tokenizer_name: str
+    mode: GrammarMode
+    ok: bool
+    error: str
+    stats: CompileStats
+    def __init__(self, tokenizer_fingerprint: _Optional[str] = ..., tokenizer_name: _Optional[str] = ..., mode: _Optional[_Union[GrammarMode, str]] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., stats: _Optional[_Union[CompileStats, _Mapping]] = ...) -> None: ...
+
+class CompileCatalogRequest(_message.Message):
+    __slots__ = ("catalog", "version", "tokenizer_fingerprint", "mode")
+    CATALOG_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    catalog: str
+    version: int
+    tokenizer_fingerprint: str
+    mode: GrammarMode
+    def __init__(self, catalog: _Optional[str] = ..., version: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., mode: _Optional[_Union[GrammarMode, str]] = ...) -> None: ...
+
+class CompileCatalogResponse(_message.Message):
+    __slots__ = ("version", "result")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    version: CatalogVersion
+    result: CompileResult
+    def __init__(self, version: _Optional[_Union[CatalogVersion, _Mapping]] = ..., result: _Optional[_Union[CompileResult, _Mapping]] = ...) -> None: ...
+
+class GetCatalogStatusRequest(_message.Message):
+    __slots__ = ("catalog",)
+    CATALOG_FIELD_NUMBER: _ClassVar[int]
+    catalog: str
+    def __init__(self, catalog: _Optional[str] = ...) -> None: ...
+
+class DecoderGrammarStatus(_message.Message):
+    __slots__ = ("node_id", "tokenizer_fingerprint", "connected", "applied_version", "applied_at", "nacked_version", "nack_error", "last_seen")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_AT_FIELD_NUMBER: _ClassVar[int]
+    NACKED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NACK_ERROR_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    tokenizer_fingerprint: str
+    connected: bool
+    applied_version: int
+    applied_at: _timestamp_pb2.Timestamp
+    nacked_version: int
+    nack_error: str
+    last_seen: _timestamp_pb2.Timestamp
+    def __init__(self, node_id: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., connected: _Optional[bool] = ..., applied_version: _Optional[int] = ..., applied_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nacked_version: _Optional[int] = ..., nack_error: _Optional[str] = ..., last_seen: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetCatalogStatusResponse(_message.Message):
+    __slots__ = ("catalog", "active_version", "decoders")
+    CATALOG_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DECODERS_FIELD_NUMBER: _ClassVar[int]
+    catalog: str
+    active_version: int
+    decoders: _containers.RepeatedCompositeFieldContainer[DecoderGrammarStatus]
+    def __init__(self, catalog: _Optional[str] = ..., active_version: _Optional[int] = ..., decoders: _Optional[_Iterable[_Union[DecoderGrammarStatus, _Mapping]]] = ...) -> None: ...
+
+class HeldGrammar(_message.Message):
+    __slots__ = ("catalog", "version")
+    CATALOG_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    catalog: str
+    version: int
+    def __init__(self, catalog: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class DecoderHello(_message.Message):
+    __slots__ = ("node_id", "tokenizer_fingerprint", "held", "mode")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    tokenizer_fingerprint: str
+    held: _containers.RepeatedCompositeFieldContainer[HeldGrammar]
+    mode: GrammarMode
+    def __init__(self, node_id: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., held: _Optional[_Iterable[_Union[HeldGrammar, _Mapping]]] = ..., mode: _Optional[_Union[GrammarMode, str]] = ...) -> None: ...
+
+class GrammarAck(_message.Message):
+    __slots__ = ("nonce", "catalog", "version")
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    CATALOG_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    nonce: str
+    catalog: str
+    version: int
+    def __init__(self, nonce: _Optional[str] = ..., catalog: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class GrammarNack(_message.Message):
+    __slots__ = ("nonce", "catalog", "version", "kept_version", "error")
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    CATALOG_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    KEPT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    nonce: str
+    catalog: str
+    version: int
+    kept_version: int
+    error: str
+    def __init__(self, nonce: _Optional[str] = ..., catalog: _Optional[str] = ..., version: _Optional[int] = ..., kept_version: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("hello", "tokenizer", "ack", "nack")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    NACK_FIELD_NUMBER: _ClassVar[int]
+    hello: DecoderHello
+    tokenizer: TokenizerBlob
+    ack: GrammarAck
+    nack: GrammarNack
+    def __init__(self, hello: _Optional[_Union[DecoderHello, _Mapping]] = ..., tokenizer: _Optional[_Union[TokenizerBlob, _Mapping]] = ..., ack: _Optional[_Union[GrammarAck, _Mapping]] = ..., nack: _Optional[_Union[GrammarNack, _Mapping]] = ...) -> None: ...
+
+class TokenizerWanted(_message.Message):
+    __slots__ = ("fingerprint",)
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    fingerprint: str
+    def __init__(self, fingerprint: _Optional[str] = ...) -> None: ...
+
+class GrammarUpdate(_message.Message):
+    __slots__ = ("catalog", "version", "nonce", "mode", "trie", "tools", "content_sha256")
+    CATALOG_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    TRIE_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    catalog: str
+    version: int
+    nonce: str
+    mode: GrammarMode
+    trie: bytes
+    tools: _containers.RepeatedCompositeFieldContainer[Tool]
+    content_sha256: str
+    def __init__(self, catalog: _Optional[str] = ..., version: _Optional[int] = ..., nonce: _Optional[str] = ..., mode: _Optional[_Union[GrammarMode, str]] = ..., trie: _Optional[bytes] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., content_sha256: _Optional[str] = ...) -> None: ...
+
+class SubscribeResponse(_message.Message):
+    __slots__ = ("tokenizer_wanted", "grammar")
+    TOKENIZER_WANTED_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    tokenizer_wanted: TokenizerWanted
+    grammar: GrammarUpdate
+    def __init__(self, tokenizer_wanted: _Optional[_Union[TokenizerWanted, _Mapping]] = ..., grammar: _Optional[_Union[GrammarUpdate, _Mapping]] = ...) -> None: ...

@@ -76,6 +76,26 @@ class RegistryStub:
                 request_serializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.ListAuditEventsRequest.SerializeToString,
                 response_deserializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.ListAuditEventsResponse.FromString,
                 _registered_method=True)
+        self.RegisterTokenizer = channel.unary_unary(
+                '/tooltrie.registry.v1.Registry/RegisterTokenizer',
+                request_serializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.RegisterTokenizerRequest.SerializeToString,
+                response_deserializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.RegisterTokenizerResponse.FromString,
+                _registered_method=True)
+        self.CompileCatalog = channel.unary_unary(
+                '/tooltrie.registry.v1.Registry/CompileCatalog',
+                request_serializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.CompileCatalogRequest.SerializeToString,
+                response_deserializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.CompileCatalogResponse.FromString,
+                _registered_method=True)
+        self.GetCatalogStatus = channel.unary_unary(
+                '/tooltrie.registry.v1.Registry/GetCatalogStatus',
+                request_serializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.GetCatalogStatusRequest.SerializeToString,
+                response_deserializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.GetCatalogStatusResponse.FromString,
+                _registered_method=True)
+        self.Subscribe = channel.stream_stream(
+                '/tooltrie.registry.v1.Registry/Subscribe',
+                request_serializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.SubscribeResponse.FromString,
+                _registered_method=True)
 
 
 class RegistryServicer:
@@ -140,6 +160,35 @@ class RegistryServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterTokenizer(self, request, context):
+        """Registers a tokenizer (idempotent by fingerprint); every catalog version is compiled for it from then on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompileCatalog(self, request, context):
+        """Compiles one catalog version for one registered tokenizer (or returns the stored result) with its stats.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCatalogStatus(self, request, context):
+        """Which decoder runs which version of a catalog, and their last NACK.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Subscribe(self, request_iterator, context):
+        """Grammar distribution to decoders (Envoy xDS pattern): the decoder says hello with its node id and
+        tokenizer fingerprint, uploads the tokenizer when asked, then ACKs or NACKs every pushed grammar.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RegistryServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -182,6 +231,26 @@ def add_RegistryServicer_to_server(servicer, server):
                     servicer.ListAuditEvents,
                     request_deserializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.ListAuditEventsRequest.FromString,
                     response_serializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.ListAuditEventsResponse.SerializeToString,
+            ),
+            'RegisterTokenizer': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterTokenizer,
+                    request_deserializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.RegisterTokenizerRequest.FromString,
+                    response_serializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.RegisterTokenizerResponse.SerializeToString,
+            ),
+            'CompileCatalog': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompileCatalog,
+                    request_deserializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.CompileCatalogRequest.FromString,
+                    response_serializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.CompileCatalogResponse.SerializeToString,
+            ),
+            'GetCatalogStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCatalogStatus,
+                    request_deserializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.GetCatalogStatusRequest.FromString,
+                    response_serializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.GetCatalogStatusResponse.SerializeToString,
+            ),
+            'Subscribe': grpc.stream_stream_rpc_method_handler(
+                    servicer.Subscribe,
+                    request_deserializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.SubscribeRequest.FromString,
+                    response_serializer=tooltrie_dot_registry_dot_v1_dot_registry__pb2.SubscribeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -402,6 +471,114 @@ class Registry:
             '/tooltrie.registry.v1.Registry/ListAuditEvents',
             tooltrie_dot_registry_dot_v1_dot_registry__pb2.ListAuditEventsRequest.SerializeToString,
             tooltrie_dot_registry_dot_v1_dot_registry__pb2.ListAuditEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterTokenizer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooltrie.registry.v1.Registry/RegisterTokenizer',
+            tooltrie_dot_registry_dot_v1_dot_registry__pb2.RegisterTokenizerRequest.SerializeToString,
+            tooltrie_dot_registry_dot_v1_dot_registry__pb2.RegisterTokenizerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompileCatalog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooltrie.registry.v1.Registry/CompileCatalog',
+            tooltrie_dot_registry_dot_v1_dot_registry__pb2.CompileCatalogRequest.SerializeToString,
+            tooltrie_dot_registry_dot_v1_dot_registry__pb2.CompileCatalogResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCatalogStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooltrie.registry.v1.Registry/GetCatalogStatus',
+            tooltrie_dot_registry_dot_v1_dot_registry__pb2.GetCatalogStatusRequest.SerializeToString,
+            tooltrie_dot_registry_dot_v1_dot_registry__pb2.GetCatalogStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Subscribe(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tooltrie.registry.v1.Registry/Subscribe',
+            tooltrie_dot_registry_dot_v1_dot_registry__pb2.SubscribeRequest.SerializeToString,
+            tooltrie_dot_registry_dot_v1_dot_registry__pb2.SubscribeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,142 @@
+"""Loads the model a decoder serves and picks its engine (CUDA when usable, else the CPU reference engine)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from decoder_service.engines.base import Engine
+from decoder_service.engines.catalog import PreparedCatalog, Tool
+from decoder_service.engines.cpu.engine import CpuEngine
+from decoder_service.engines.cpu.model import CpuTransformer
+from decoder_service.engines.prompt import prepare_catalog
+from decoder_service.models.config import ModelConfig
+from decoder_service.models.loader import load_model, resolve_model_path
+from decoder_service.models.tokenizer_source import chat_template, model_tokenizer
+from decoder_service.models.weights import Weights
+from tooltrie.grammar import CompiledTrie, TokenizationCache, Tokenizer
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("auto", "cpu", "cuda")
+LOAD_STAGES = ("weights", "tokenizer", "engine")
+
+
+@dataclass(slots=True, eq=False)
+class ModelRuntime:
+    path: Path
+    config: ModelConfig
+    tokenizer: Tokenizer
+    template: str
+    engine: Engine
+    prompt_budget: int | None = None
+
+    def prepare(self, catalog: str, version: int, tools: Sequence[Tool], trie_blob: bytes) -> PreparedCatalog:
+        """A registry-compiled trie, checked against this model's tokenizer, with the catalog's prompt prefix."""
+        trie = CompiledTrie.from_bytes(trie_blob, expected_fingerprint=self.tokenizer.fingerprint)
+        if sorted(trie.names) != sorted(t.name for t in tools):
+            raise ValueError(f"{catalog} v{version}: the trie's names differ from the catalog's tools")
+        return prepare_catalog(
+            tools,
+            self.tokenizer,
+            self.template,
+            context_length=self.config.max_position_embeddings,
+            catalog_id=catalog,
+            version=version,
+            prompt_budget=self.prompt_budget,
+            trie=trie,
+        )
+
+    def prepare_local(
+        self, catalog: str, tools: Sequence[Tool], cache: TokenizationCache | None = None
+    ) -> PreparedCatalog:
+        """Compiles the names here, for decoding without a registry."""
+        return prepare_catalog(
+            tools,
+            self.tokenizer,
+            self.template,
+            context_length=self.config.max_position_embeddings,
+            catalog_id=catalog,
+            prompt_budget=self.prompt_budget,
+            cache=cache,
+        )
+
+
+def load_runtime(
+    model: str | Path | None = None,
+    engine: str = "auto",
+    head: str = "sparse",
+    prompt_budget: int | None = None,
+    progress: Callable[[str], None] = lambda stage: None,
+    template_file: Path | None = None,
+) -> ModelRuntime:
+    """The model at `model` (None: the embedded SmolLM2-135M-Instruct) on the chosen engine.
+
+    `progress` is called as each of LOAD_STAGES begins, for a progress bar. `template_file`: a Jinja2 chat
+    template to use instead of the model's own.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; accepted: {', '.join(ENGINES)}")
+    path = resolve_model_path(model)
+    started = time.perf_counter()
+    progress(LOAD_STAGES[0])
+    config, weights = load_model(path)
+    progress(LOAD_STAGES[1])
+    tokenizer = model_tokenizer(path)
+    progress(LOAD_STAGES[2])
+    log.info(
+        "loaded %s (%s, %d layers) in %.1fs",
+        path.name,
+        config.architecture,
+        config.num_layers,
+        time.perf_counter() - started,
+    )
+    return ModelRuntime(
+        path,
+        config,
+        tokenizer,
+        template_file.read_text() if template_file else chat_template(path),
+        _pick_engine(engine, config, weights, head),
+        prompt_budget,
+    )
+
+
+# KV positions the CUDA engine reserves (fp32 cache): covers the default prompt budget of models up to 64k context.
+CUDA_MAX_CONTEXT = 16_384
+
+
+def _pick_engine(kind: str, config: ModelConfig, weights: Weights, head: str) -> Engine:
+    """'auto' takes the CUDA engine when a GPU and the cubin are usable, else the CPU engine; one log line says why."""
+    if kind in ("auto", "cuda"):
+        reason = _cuda_unusable_reason()
+        if reason is None:
+            from decoder_service.engines.cuda.engine import CudaEngine
+
+            context = min(config.max_position_embeddings, CUDA_MAX_CONTEXT)
+            log.info("engine %s: using the CUDA engine (head %s, context %d tokens)", kind, head, context)
+            return CudaEngine(config, weights, head=head, max_context=context)
+        if kind == "cuda":
+            raise RuntimeError(f"engine cuda requested but {reason}")
+        log.info("engine auto: %s; using the CPU engine", reason)
+    return CpuEngine(CpuTransformer(config, weights), head=head)
+
+
+def _cuda_unusable_reason() -> str | None:
+    """None when the CUDA engine can run here, else why not (no bindings, no GPU, an older GPU, no cubin)."""
+    try:
+        from decoder_service.engines.cuda.driver import compute_capability, cuda_available
+        from decoder_service.engines.cuda.engine import cubin_path
+    except ImportError as exc:
+        return f"the CUDA engine is not importable ({exc})"
+    ok, detail = cuda_available()
+    if not ok:
+        return f"no usable GPU ({detail})"
+    major, minor = compute_capability()
+    if (major, minor) < (9, 0):
+        return f"GPU {detail} has compute capability {major}.{minor}; the cubin is built for sm_90 (Hopper) or newer"
+    if cubin_path() is None:
+        return f"GPU {detail} found, but no cubin is built; run `tooltrie cuda build` (nvcc) or set TOOLTRIE_CUBIN"
+    return None

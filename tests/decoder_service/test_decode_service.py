@@ -1,0 +1,243 @@
+"""Decode over real gRPC: a decoder (tiny synthetic Qwen3, CPU engine) fed by a real registry (SQLite)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from decoder_service.model_runtime import ModelRuntime
+from tests.conftest import EXAMPLE_CATALOG
+from tests.support.catalogs import mcp_bytes, tool
+from tests.support.decoder import RunningDecoder, start_decoder, tiny_runtime
+from tests.support.registry import RunningRegistry, start_registry, write_tokens_file
+from tests.support.tls import self_signed_cert
+from tooltrie.client import error_details
+from tooltrie.decoder.v1 import decoder_pb2 as pb
+from tooltrie.decoder_client import DecoderClient
+
+EXAMPLE_NAMES = {t["name"] for t in json.loads(EXAMPLE_CATALOG.read_text())["tools"]}
+
+
+@pytest.fixture(scope="module")
+def runtime(tiny_dir: Path) -> ModelRuntime:
+    return tiny_runtime(tiny_dir)
+
+
+@pytest.fixture
+def sqlite_registry(tmp_path: Path) -> Iterator[RunningRegistry]:
+    running = start_registry(f"sqlite:///{tmp_path / 'registry.db'}", tmp_path)
+    yield running
+    running.server.stop(grace=1)
+
+
+@pytest.fixture
+def stack(sqlite_registry: RunningRegistry, runtime: ModelRuntime) -> Iterator[tuple[RunningRegistry, RunningDecoder]]:
+    with sqlite_registry.client() as client:
+        client.push("workplace", EXAMPLE_CATALOG.read_bytes(), activate=True)
+    decoder = start_decoder(sqlite_registry, runtime, metrics_listen="127.0.0.1:0")
+    decoder.wait_for("workplace", 1)
+    yield sqlite_registry, decoder
+    decoder.server.stop(grace=1)
+
+
+def decode(
+    decoder: RunningDecoder, intent: str, k: int, catalog: str = "workplace", version: int = 0
+) -> tuple[list[pb.Pointer], pb.DecodeSummary]:
+    pointers, summaries = [], []
+    with decoder.client() as client:
+        for event in client.decode(catalog, intent, k, version):
+            (pointers if event.WhichOneof("event") == "pointer" else summaries).append(
+                getattr(event, event.WhichOneof("event"))
+            )
+    assert len(summaries) == 1
+    return pointers, summaries[0]
+
+
+def rpc_error(decoder: RunningDecoder, **fields: object) -> grpc.RpcError:
+    request = pb.DecodeRequest(**{"catalog": "workplace", "intent": "send a message", "k": 1, **fields})  # type: ignore[arg-type]
+    with decoder.client() as client, pytest.raises(grpc.RpcError) as raised:
+        list(client.stub.Decode(request, timeout=60))
+    return raised.value
+
+
+@pytest.mark.parametrize("k", [1, 3, 16])
+def test_decode_streams_exactly_k_distinct_catalog_tools(stack: tuple[RunningRegistry, RunningDecoder], k: int) -> None:
+    _, decoder = stack
+    pointers, summary = decode(decoder, "open an issue about the failing build and tell the team in chat", k)
+    assert [p.index for p in pointers] == list(range(k))
+    assert len({p.tool for p in pointers}) == k
+    assert {p.tool for p in pointers} <= EXAMPLE_NAMES
+    assert all(p.catalog_version == 1 and p.token_ids for p in pointers)
+    assert summary.catalog_version == 1 and summary.engine == "cpu"
+    assert summary.tokens_generated == sum(len(p.token_ids) + 1 for p in pointers)  # name tokens + SEP/STOP each
+
+
+def test_same_request_same_answer_and_the_prefix_is_reused(stack: tuple[RunningRegistry, RunningDecoder]) -> None:
+    _, decoder = stack
+    first, _ = decode(decoder, "schedule a meeting with Ana tomorrow", 2)
+    second, summary = decode(decoder, "schedule a meeting with Ana tomorrow", 2)
+    assert [(p.tool, list(p.token_ids), p.score) for p in first] == [
+        (p.tool, list(p.token_ids), p.score) for p in second
+    ]
+    assert summary.prefix_cached
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"k": 0}, "k"),
+        ({"k": 17}, "k"),
+        ({"intent": ""}, "intent"),
+        ({"intent": "   "}, "intent"),
+        ({"intent": "x" * 8001}, "intent"),
+        ({"catalog": "bad name"}, "catalog"),
+    ],
+)
+def test_invalid_requests(stack: tuple[RunningRegistry, RunningDecoder], fields: dict[str, object], field: str) -> None:
+    error = rpc_error(stack[1], **fields)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in {v.field for v in error_details(error)}
+
+
+def test_k_larger_than_the_catalog(stack: tuple[RunningRegistry, RunningDecoder]) -> None:
+    registry, decoder = stack
+    with registry.client() as client:
+        client.push("small", mcp_bytes([tool("a.one"), tool("b.two")]), activate=True)
+    decoder.wait_for("small", 1)
+    error = rpc_error(decoder, catalog="small", k=3)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "only 2 tools" in error_details(error)[0].description
+    assert len(decode(decoder, "anything", 2, catalog="small")[0]) == 2
+
+
+def test_unknown_catalog_and_unheld_version(stack: tuple[RunningRegistry, RunningDecoder]) -> None:
+    decoder = stack[1]
+    assert rpc_error(decoder, catalog="nope").code() == grpc.StatusCode.NOT_FOUND
+    error = rpc_error(decoder, version=9)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "not held" in error.details()
+
+
+def test_no_grammar_yet(sqlite_registry: RunningRegistry, runtime: ModelRuntime) -> None:
+    decoder = start_decoder(sqlite_registry, runtime, node_id="empty")
+    try:
+        with grpc.insecure_channel(decoder.address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert rpc_error(decoder).code() == grpc.StatusCode.FAILED_PRECONDITION
+        with sqlite_registry.client() as client:
+            client.push("workplace", EXAMPLE_CATALOG.read_bytes(), activate=True)
+        decoder.wait_for("workplace", 1)
+        with grpc.insecure_channel(decoder.address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        decoder.server.stop(grace=1)
+
+
+def test_status_and_metrics(stack: tuple[RunningRegistry, RunningDecoder]) -> None:
+    registry, decoder = stack
+    decode(decoder, "read my latest email", 1)
+    with decoder.client() as client:
+        status = client.status()
+    assert status.node_id == "decoder-a" and status.engine == "cpu" and status.registry_connected
+    assert [(c.catalog, c.active_version, list(c.held_versions)) for c in status.catalogs] == [("workplace", 1, [1])]
+    with registry.client() as client:
+        nodes = client.status("workplace").decoders
+    assert [(n.node_id, n.applied_version, n.connected) for n in nodes] == [("decoder-a", 1, True)]
+    port = decoder.server.metrics_server.server_port  # type: ignore[union-attr]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'tooltrie_decoder_requests_total{code="OK"} 1.0' in text
+    assert 'tooltrie_decoder_grammar_version{catalog="workplace"} 1.0' in text
+    assert "tooltrie_decoder_first_pointer_seconds_count 1.0" in text
+
+
+def test_cancel_and_deadline_free_the_decoder(stack: tuple[RunningRegistry, RunningDecoder]) -> None:
+    _, decoder = stack
+    with decoder.client() as client:
+        stream = client.stub.Decode(pb.DecodeRequest(catalog="workplace", intent="do everything", k=16))
+        next(stream)  # the first pointer arrived: decoding is under way
+        stream.cancel()
+        with pytest.raises(grpc.RpcError) as raised:
+            list(client.stub.Decode(pb.DecodeRequest(catalog="workplace", intent="x", k=16), timeout=0.001))
+        assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert len(decode(decoder, "still serving?", 2)[0]) == 2  # the slot was released both times
+
+
+def test_admission_limit_answers_resource_exhausted(sqlite_registry: RunningRegistry, runtime: ModelRuntime) -> None:
+    with sqlite_registry.client() as client:
+        client.push("workplace", EXAMPLE_CATALOG.read_bytes(), activate=True)
+    decoder = start_decoder(sqlite_registry, runtime, node_id="narrow", max_active=1, max_queued=0)
+    decoder.wait_for("workplace", 1)
+    try:
+        codes: list[grpc.StatusCode] = []
+        for _burst in range(10):
+            threads = [threading.Thread(target=lambda: codes.append(_try_decode(decoder))) for _ in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if grpc.StatusCode.RESOURCE_EXHAUSTED in codes:
+                break
+        assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
+        assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes and grpc.StatusCode.OK in codes
+    finally:
+        decoder.server.stop(grace=1)
+
+
+def _try_decode(decoder: RunningDecoder) -> grpc.StatusCode:
+    try:
+        decode(decoder, "open a pull request and ask for a review", 4)
+        return grpc.StatusCode.OK
+    except grpc.RpcError as error:
+        if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            assert "retry" in error.details()
+        return error.code()
+
+
+def test_decode_tokens_and_tls(sqlite_registry: RunningRegistry, runtime: ModelRuntime, tmp_path: Path) -> None:
+    """With tokens configured Decode needs one; with a certificate the decoder speaks TLS only."""
+    cert, key = self_signed_cert(tmp_path)
+    tokens = write_tokens_file(tmp_path / "decode-tokens", {"agent": "agent-token-0123456789"})
+    with sqlite_registry.client() as client:
+        client.push("workplace", EXAMPLE_CATALOG.read_bytes(), activate=True)
+    decoder = start_decoder(sqlite_registry, runtime, node_id="locked", tokens_file=tokens, tls_cert=cert, tls_key=key)
+    decoder.wait_for("workplace", 1)
+    address = f"localhost:{decoder.server.port}"
+    try:
+        with DecoderClient(address, tls_ca=cert, token="agent-token-0123456789") as client:
+            events = list(client.decode("workplace", "send a chat message", 1))
+            assert events[0].pointer.tool in EXAMPLE_NAMES
+        with (
+            DecoderClient(address, tls_ca=cert, token="wrong-token-0123456789") as client,
+            pytest.raises(grpc.RpcError) as raised,
+        ):
+            list(client.decode("workplace", "send a chat message", 1))
+        assert raised.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with DecoderClient(address, timeout=3) as plaintext, pytest.raises(grpc.RpcError):
+            list(plaintext.decode("workplace", "send a chat message", 1))
+    finally:
+        decoder.server.stop(grace=1)
+
+
+def test_character_level_grammars(sqlite_registry: RunningRegistry, runtime: ModelRuntime) -> None:
+    """A decoder subscribed for character-level grammars gets them compiled so, and answers under them."""
+    with sqlite_registry.client() as client:
+        client.push("workplace", EXAMPLE_CATALOG.read_bytes(), activate=True)
+    decoder = start_decoder(sqlite_registry, runtime, node_id="chars", char_mode=True)
+    decoder.wait_for("workplace", 1)
+    try:
+        trie = decoder.server.store.resolve("workplace").prepared.trie
+        assert trie.stats.n_edges > trie.n_nodes  # a DAG: several tokenizations reach one character position
+        pointers, summary = decode(decoder, "open an issue about the failing build", 3)
+        assert len({p.tool for p in pointers}) == 3 and {p.tool for p in pointers} <= EXAMPLE_NAMES
+        assert summary.catalog_version == 1
+    finally:
+        decoder.server.stop(grace=1)
