@@ -39,3 +39,9 @@ def describe() -> dict[str, Any]:
         "python": platform.python_version(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
     }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile by nearest rank (no interpolation), as the benchmark tables report it."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]

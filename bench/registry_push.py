@@ -25,11 +25,6 @@ from tests.support.registry import start_registry  # noqa: E402
 PUSHES = {40: 60, 1000: 20, 10000: 6}
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def bench_backend(name: str, db_url: str, sizes: list[int], scratch: Path) -> list[dict[str, object]]:
     registry = start_registry(db_url, scratch)
     rows = []
@@ -53,8 +48,8 @@ def bench_backend(name: str, db_url: str, sizes: list[int], scratch: Path) -> li
                         "pushes": pushes,
                         "payload_bytes": len(payload),
                         "pushes_per_s": pushes / sum(latencies),
-                        "p50_ms": 1000 * percentile(latencies, 0.5),
-                        "p99_ms": 1000 * percentile(latencies, 0.99),
+                        "p50_ms": 1000 * machine.percentile(latencies, 0.5),
+                        "p99_ms": 1000 * machine.percentile(latencies, 0.99),
                     }
                 )
                 print(format_row(rows[-1]), flush=True)

@@ -46,11 +46,6 @@ def one(decoder: RunningDecoder, index: int, k: int) -> tuple[float, float, int]
     return first, time.perf_counter() - start, tokens
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def run(decoder: RunningDecoder, requests: int, concurrency: int, k: int) -> dict[str, float]:
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
@@ -60,10 +55,10 @@ def run(decoder: RunningDecoder, requests: int, concurrency: int, k: int) -> dic
     return {
         "concurrency": concurrency,
         "requests": requests,
-        "first_pointer_p50_ms": 1000 * percentile(list(firsts), 0.5),
-        "first_pointer_p99_ms": 1000 * percentile(list(firsts), 0.99),
-        "answer_p50_ms": 1000 * percentile(list(totals), 0.5),
-        "answer_p99_ms": 1000 * percentile(list(totals), 0.99),
+        "first_pointer_p50_ms": 1000 * machine.percentile(list(firsts), 0.5),
+        "first_pointer_p99_ms": 1000 * machine.percentile(list(firsts), 0.99),
+        "answer_p50_ms": 1000 * machine.percentile(list(totals), 0.5),
+        "answer_p99_ms": 1000 * machine.percentile(list(totals), 0.99),
         "answers_per_s": requests / wall,
         "tokens_per_s": sum(tokens) / wall,
     }

@@ -34,11 +34,6 @@ def wait(condition, limit: float = 60.0) -> float:  # type: ignore[no-untyped-de
     return time.perf_counter()
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decoders", type=int, default=3)
@@ -79,8 +74,8 @@ def main() -> None:
         "model": args.model,
         "decoders": args.decoders,
         "swaps": args.swaps,
-        "all_serving_ms": {"p50": 1000 * percentile(served, 0.5), "max": 1000 * max(served)},
-        "all_acked_ms": {"p50": 1000 * percentile(acked, 0.5), "max": 1000 * max(acked)},
+        "all_serving_ms": {"p50": 1000 * machine.percentile(served, 0.5), "max": 1000 * max(served)},
+        "all_acked_ms": {"p50": 1000 * machine.percentile(acked, 0.5), "max": 1000 * max(acked)},
     }
     print(f"hot swap on {info['cpu']} ({info['cores']} cores), commit {info['commit']}, model {args.model}")
     print(f"{args.decoders} decoders, {args.swaps} activations alternating two 40-tool versions")

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from decoder_service.engines.base import Engine
 from decoder_service.engines.catalog import PreparedCatalog, Tool
@@ -39,6 +40,15 @@ class ModelRuntime:
         trie = CompiledTrie.from_bytes(trie_blob, expected_fingerprint=self.tokenizer.fingerprint)
         if sorted(trie.names) != sorted(t.name for t in tools):
             raise ValueError(f"{catalog} v{version}: the trie's names differ from the catalog's tools")
+        return self._prepare(catalog, version, tools, trie=trie)
+
+    def prepare_local(
+        self, catalog: str, tools: Sequence[Tool], cache: TokenizationCache | None = None
+    ) -> PreparedCatalog:
+        """Compiles the names here, for decoding without a registry."""
+        return self._prepare(catalog, 0, tools, cache=cache)
+
+    def _prepare(self, catalog: str, version: int, tools: Sequence[Tool], **compiled: Any) -> PreparedCatalog:
         return prepare_catalog(
             tools,
             self.tokenizer,
@@ -47,21 +57,7 @@ class ModelRuntime:
             catalog_id=catalog,
             version=version,
             prompt_budget=self.prompt_budget,
-            trie=trie,
-        )
-
-    def prepare_local(
-        self, catalog: str, tools: Sequence[Tool], cache: TokenizationCache | None = None
-    ) -> PreparedCatalog:
-        """Compiles the names here, for decoding without a registry."""
-        return prepare_catalog(
-            tools,
-            self.tokenizer,
-            self.template,
-            context_length=self.config.max_position_embeddings,
-            catalog_id=catalog,
-            prompt_budget=self.prompt_budget,
-            cache=cache,
+            **compiled,
         )
 
 

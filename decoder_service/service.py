@@ -19,17 +19,11 @@ from tooltrie.decoder.v1 import decoder_pb2 as pb
 from tooltrie.decoder.v1 import decoder_pb2_grpc
 from tooltrie.grammar import K_MAX
 from tooltrie.names import name_problem
-from tooltrie.rpc_status import abort, bad_request, retry_info
+from tooltrie.rpc_status import FieldViolation, abort, bad_request, retry_info
 
 log = logging.getLogger(__name__)
 
 MAX_INTENT_CHARS = 8_000
-
-
-@dataclass(frozen=True, slots=True)
-class Violation:
-    field: str
-    description: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +72,7 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServicer):
         intent = self._validate(request, context)
         grammar = self._grammar(request, context)
         if request.k > len(grammar.tools):
-            field = Violation(
+            field = FieldViolation(
                 "k",
                 f"k={request.k} but catalog {grammar.catalog!r} v{grammar.version} has only {len(grammar.tools)} tools",
             )
@@ -138,16 +132,18 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServicer):
     def _validate(self, request: pb.DecodeRequest, context: grpc.ServicerContext) -> str:
         violations = []
         if problem := name_problem(request.catalog):
-            violations.append(Violation("catalog", problem))
+            violations.append(FieldViolation("catalog", problem))
         if not 1 <= request.k <= K_MAX:
-            violations.append(Violation("k", f"k={request.k}; expected 1 to {K_MAX}"))
+            violations.append(FieldViolation("k", f"k={request.k}; expected 1 to {K_MAX}"))
         intent = request.intent or "\n".join(f"{m.role}: {m.content}" for m in request.messages)
         if request.intent and request.messages:
-            violations.append(Violation("messages", "give either intent or messages, not both"))
+            violations.append(FieldViolation("messages", "give either intent or messages, not both"))
         if not intent.strip():
-            violations.append(Violation("intent", "empty; say what the agent should do"))
+            violations.append(FieldViolation("intent", "empty; say what the agent should do"))
         elif len(intent) > MAX_INTENT_CHARS:
-            violations.append(Violation("intent", f"{len(intent)} characters, over the limit of {MAX_INTENT_CHARS}"))
+            violations.append(
+                FieldViolation("intent", f"{len(intent)} characters, over the limit of {MAX_INTENT_CHARS}")
+            )
         if violations:
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, "invalid decode request", [bad_request(violations)])
         return intent

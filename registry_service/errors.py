@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True, slots=True)
-class FieldViolation:
-    field: str
-    description: str
+from tooltrie.rpc_status import FieldViolation
 
 
 class RegistryError(Exception):

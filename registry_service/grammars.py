@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 
 from registry_service.db.database import Database
 from registry_service.db.models import CatalogRow, CompiledGrammarRow, TokenizerRow, ToolRow, VersionRow, utcnow
-from registry_service.errors import FailedPrecondition, FieldViolation, InvalidArgument, NotFound
+from registry_service.errors import FailedPrecondition, InvalidArgument, NotFound
 from tooltrie.grammar import (
     GrammarError,
     MatcherCache,
@@ -29,6 +29,7 @@ from tooltrie.grammar import (
     compile_charlevel,
 )
 from tooltrie.grammar.tokenizers.blob import TokenizerBlob, from_blob
+from tooltrie.rpc_status import FieldViolation
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ import binascii
 import json
 from typing import Any
 
-from registry_service.errors import FieldViolation, InvalidArgument
+from registry_service.errors import InvalidArgument
+from tooltrie.rpc_status import FieldViolation
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000

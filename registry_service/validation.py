@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from registry_service.canonical import ToolSpec, canonical_json
-from registry_service.errors import FieldViolation, InvalidArgument
+from registry_service.errors import InvalidArgument
 from tooltrie.names import NAME_RULE, name_problem
 from tooltrie.registry.v1 import registry_pb2
+from tooltrie.rpc_status import FieldViolation
 
 # Violations travel in trailing metadata, which gRPC clients cap at 8 KiB by default: report the first
 # ones that fit in about 4 KiB (a caller with thousands of violations needs the first few, not all).

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from tooltrie.grpc_limits import DEFAULT_REGISTRY_ADDRESS, channel_options
 from tooltrie.paths import admin_token_path
 from tooltrie.registry.v1 import registry_pb2 as pb
 from tooltrie.registry.v1 import registry_pb2_grpc
+from tooltrie.rpc_status import FieldViolation
 
 TOKEN_ENV = "TOOLTRIE_TOKEN"
 REGISTRY_ENV = "TOOLTRIE_REGISTRY"
@@ -42,23 +42,17 @@ def make_channel(address: str, tls_ca: Path | None = None) -> grpc.Channel:
     return grpc.insecure_channel(address, channel_options())
 
 
-@dataclass(frozen=True, slots=True)
-class Violation:
-    field: str
-    description: str
-
-
-def error_details(error: grpc.RpcError) -> list[Violation]:
+def error_details(error: grpc.RpcError) -> list[FieldViolation]:
     """The google.rpc.BadRequest field violations a failed call carries (empty when none)."""
     status = rpc_status.from_call(error)  # type: ignore[arg-type]
     if status is None:
         return []
-    found: list[Violation] = []
+    found: list[FieldViolation] = []
     for detail in status.details:
         if detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
             request = error_details_pb2.BadRequest()
             detail.Unpack(request)
-            found.extend(Violation(v.field, v.description) for v in request.field_violations)
+            found.extend(FieldViolation(v.field, v.description) for v in request.field_violations)
     return found
 
 
@@ -118,24 +112,21 @@ class RegistryClient:
         return self.stub.GetCatalog(request, timeout=self.timeout)
 
     def catalogs(self, page_size: int = 0) -> Iterator[pb.Catalog]:
-        token = ""
-        while True:
-            page = self.stub.ListCatalogs(
-                pb.ListCatalogsRequest(page_size=page_size, page_token=token), timeout=self.timeout
-            )
-            yield from page.catalogs
-            if not (token := page.next_page_token):
-                return
+        request = pb.ListCatalogsRequest(page_size=page_size)
+        return self._paginate(self.stub.ListCatalogs, request, "catalogs")
 
     def versions(self, catalog: str, page_size: int = 0) -> Iterator[pb.CatalogVersion]:
-        token = ""
+        request = pb.ListVersionsRequest(catalog=catalog, page_size=page_size)
+        return self._paginate(self.stub.ListVersions, request, "versions")
+
+    def _paginate(self, call: Callable[..., Any], request: Any, field: str) -> Iterator[Any]:
+        """Every item of a paginated list, fetching the next page as the previous one runs out."""
         while True:
-            page = self.stub.ListVersions(
-                pb.ListVersionsRequest(catalog=catalog, page_size=page_size, page_token=token), timeout=self.timeout
-            )
-            yield from page.versions
-            if not (token := page.next_page_token):
+            page = call(request, timeout=self.timeout)
+            yield from getattr(page, field)
+            if not page.next_page_token:
                 return
+            request.page_token = page.next_page_token
 
     def diff(self, catalog: str, from_version: int, to_version: int) -> pb.DiffVersionsResponse:
         request = pb.DiffVersionsRequest(catalog=catalog, from_version=from_version, to_version=to_version)
@@ -167,11 +158,5 @@ class RegistryClient:
         return self.stub.GetCatalogStatus(pb.GetCatalogStatusRequest(catalog=catalog), timeout=self.timeout)
 
     def audit(self, catalog: str = "", page_size: int = 0) -> Iterator[pb.AuditEvent]:
-        token = ""
-        while True:
-            page = self.stub.ListAuditEvents(
-                pb.ListAuditEventsRequest(catalog=catalog, page_size=page_size, page_token=token), timeout=self.timeout
-            )
-            yield from page.events
-            if not (token := page.next_page_token):
-                return
+        request = pb.ListAuditEventsRequest(catalog=catalog, page_size=page_size)
+        return self._paginate(self.stub.ListAuditEvents, request, "events")

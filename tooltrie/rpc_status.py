@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from dataclasses import dataclass
 
 import grpc
 from google.protobuf import any_pb2
@@ -12,7 +12,10 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 
-class _Violation(Protocol):
+@dataclass(frozen=True, slots=True)
+class FieldViolation:
+    """One wrong field of a request: its path (`tools[3].name`) and what was wrong with it."""
+
     field: str
     description: str
 
@@ -32,7 +35,7 @@ def abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str, de
     context.abort_with_status(rpc_status.to_status(status))
 
 
-def bad_request(violations: Sequence[_Violation]) -> error_details_pb2.BadRequest:
+def bad_request(violations: Sequence[FieldViolation]) -> error_details_pb2.BadRequest:
     return error_details_pb2.BadRequest(
         field_violations=[
             error_details_pb2.BadRequest.FieldViolation(field=v.field, description=v.description) for v in violations

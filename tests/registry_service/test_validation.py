@@ -12,12 +12,13 @@ import pytest
 from registry_service.validation import CatalogLimits
 from tests.support.catalogs import mcp_bytes, tool
 from tests.support.registry import RunningRegistry, start_registry
-from tooltrie.client import RegistryClient, Violation, error_details
+from tooltrie.client import RegistryClient, error_details
 from tooltrie.registry.v1 import registry_pb2 as pb
 from tooltrie.registry.v1 import registry_pb2_grpc
+from tooltrie.rpc_status import FieldViolation
 
 
-def rejected(client: RegistryClient, catalog: str, payload: bytes) -> list[Violation]:
+def rejected(client: RegistryClient, catalog: str, payload: bytes) -> list[FieldViolation]:
     with pytest.raises(grpc.RpcError) as raised:
         client.push(catalog, payload)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT, raised.value.details()

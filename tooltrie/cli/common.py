@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from types import FrameType
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import click
 import grpc
@@ -61,3 +64,22 @@ def setup_logging(verbose: bool = False) -> None:
     )
     # Alembic narrates every migration step at INFO; the registry logs the outcome itself.
     logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+class Stoppable(Protocol):
+    def stop(self, grace: float | None = ...) -> None: ...
+
+    def wait(self) -> None: ...
+
+
+def serve_until_signal(server: Stoppable, grace: float) -> NoReturn:
+    """Blocks until SIGTERM or Ctrl-C, then stops `server` with `grace` seconds for running calls, and exits 0."""
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        logging.getLogger("tooltrie").info("%s: shutting down, %.0fs grace", signal.Signals(signum).name, grace)
+        server.stop(grace)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.wait()
+    sys.exit(0)

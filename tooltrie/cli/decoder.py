@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import json
-import logging
-import signal
-import sys
 from pathlib import Path
-from types import FrameType
 
 import click
 
-from tooltrie.cli.common import reports_rpc_errors, setup_logging
+from tooltrie.cli.common import reports_rpc_errors, serve_until_signal, setup_logging
 from tooltrie.client import resolve_token
 from tooltrie.decoder_client import DecoderClient
 from tooltrie.grpc_limits import DEFAULT_DECODER_ADDRESS, DEFAULT_REGISTRY_ADDRESS
-
-log = logging.getLogger("tooltrie.decoder")
 
 
 @click.group()
@@ -95,14 +89,7 @@ def serve(
     host = listen.rsplit(":", 1)[0]
     print(f"decoder listening on {host}:{server.port} (node {server.node_id}, registry {registry})", flush=True)
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("%s: shutting down, %.0fs grace", signal.Signals(signum).name, grace)
-        server.stop(grace)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    server.wait()
-    sys.exit(0)
+    serve_until_signal(server, grace)
 
 
 @decoder.command()

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import logging
-import signal
-import sys
 from pathlib import Path
-from types import FrameType
 
 import click
 from sqlalchemy.engine import make_url
 
-from tooltrie.cli.common import setup_logging
+from tooltrie.cli.common import serve_until_signal, setup_logging
 from tooltrie.grpc_limits import DEFAULT_REGISTRY_ADDRESS
 from tooltrie.paths import default_registry_db_url
-
-log = logging.getLogger("tooltrie.registry")
 
 
 @click.group()
@@ -63,14 +57,7 @@ def serve(
     # Scripts and tests read this line to find the port when --listen ends in :0.
     print(f"registry listening on {host}:{server.port} (db {shown_db})", flush=True)
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("%s: shutting down, %.0fs grace", signal.Signals(signum).name, grace)
-        server.stop(grace)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    server.wait()
-    sys.exit(0)
+    serve_until_signal(server, grace)
 
 
 @registry.command()
