@@ -45,6 +45,7 @@ class GrammarStore:
         self._lock = threading.Lock()
         self._versions: dict[str, dict[int, LoadedGrammar]] = {}
         self._active: dict[str, int] = {}
+        self._refused: dict[str, str] = {}  # catalog -> why its last pushed version could not be loaded
         self._listeners: list[Callable[[], None]] = []
 
     def load(
@@ -54,8 +55,14 @@ class GrammarStore:
         prepared = self._prepare(catalog, version, tools, trie)
         return LoadedGrammar(catalog, version, content_sha256, tuple(tools), prepared, time.time())
 
+    def refuse(self, catalog: str, version: int, reason: str) -> None:
+        """Remembers why a pushed version was not loaded, so requests for the catalog hear it."""
+        with self._lock:
+            self._refused[catalog] = f"{catalog} v{version} could not be loaded by this decoder: {reason}"
+
     def activate(self, grammar: LoadedGrammar) -> None:
         with self._lock:
+            self._refused.pop(grammar.catalog, None)
             versions = self._versions.setdefault(grammar.catalog, {})
             versions[grammar.version] = grammar
             self._active[grammar.catalog] = grammar.version
@@ -72,6 +79,8 @@ class GrammarStore:
         """The active version, or the pinned one if held; GrammarUnavailable otherwise."""
         with self._lock:
             versions = self._versions.get(catalog)
+            if not versions and catalog in self._refused:
+                raise GrammarUnavailable(self._refused[catalog], catalog_known=True)
             if not versions:
                 loaded = ", ".join(sorted(self._versions)) or "none"
                 raise GrammarUnavailable(f"no grammar for catalog {catalog!r} (loaded: {loaded})", catalog_known=False)

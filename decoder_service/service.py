@@ -12,6 +12,7 @@ import grpc
 
 from decoder_service.admission import Admission, Overloaded
 from decoder_service.engines.base import DecodeError, DecodeRequest, Engine, PointerEvent, SummaryEvent
+from decoder_service.engines.prompt import intent_problem
 from decoder_service.grammar_store import GrammarStore, GrammarUnavailable
 from decoder_service.metrics import DecoderMetrics
 from tooltrie.auth import Authenticator
@@ -71,6 +72,9 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServicer):
             abort(context, grpc.StatusCode.UNAUTHENTICATED, "this decoder needs a bearer token: pass --token")
         intent = self._validate(request, context)
         grammar = self._grammar(request, context)
+        if problem := intent_problem(grammar.prepared, intent):
+            field = "messages" if request.messages else "intent"
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem, [bad_request([FieldViolation(field, problem)])])
         if request.k > len(grammar.tools):
             field = FieldViolation(
                 "k",
@@ -149,13 +153,14 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServicer):
         return intent
 
     def _grammar(self, request: pb.DecodeRequest, context: grpc.ServicerContext) -> Any:
-        if len(self.store) == 0:
-            abort(context, grpc.StatusCode.FAILED_PRECONDITION, "no grammar loaded yet; the decoder is still starting")
         try:
             return self.store.resolve(request.catalog, request.version)
         except GrammarUnavailable as exc:
-            code = grpc.StatusCode.FAILED_PRECONDITION if exc.catalog_known else grpc.StatusCode.NOT_FOUND
-            abort(context, code, str(exc))
+            if exc.catalog_known:  # an unheld pinned version, or a version this decoder refused to load
+                abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            if len(self.store) == 0:
+                abort(context, grpc.StatusCode.FAILED_PRECONDITION, "no grammar loaded yet; the decoder is starting")
+            abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
 
     def GetStatus(self, request: pb.GetStatusRequest, context: grpc.ServicerContext) -> pb.GetStatusResponse:
         active = self.store.active()

@@ -128,6 +128,7 @@ class RegistrySubscriber:
             grammar = self.store.load(update.catalog, update.version, update.content_sha256, tools, update.trie)
             self.store.activate(grammar)
         except Exception as exc:
+            self.store.refuse(update.catalog, update.version, str(exc))
             kept = self.store.active().get(update.catalog, 0)
             log.warning("NACK %s v%d (keeping v%d): %s", update.catalog, update.version, kept, exc)
             self.metrics.nacks.inc()

@@ -123,12 +123,20 @@ def prepare_catalog(
     )
 
 
+def intent_problem(catalog: PreparedCatalog, intent: str) -> str | None:
+    """Why `intent` cannot go into the prompt, or None: empty, or holding special-token text (it would be
+    encoded as the control token itself, e.g. an early end of turn)."""
+    if not intent.strip():
+        return "the intent is empty; describe what the agent wants to do"
+    special = next((s for s in catalog.tokenizer.special_tokens if s in intent), None)
+    if special is not None:
+        return f"the intent contains the special token text {special!r}; remove it"
+    return None
+
+
 def request_suffix_ids(catalog: PreparedCatalog, intent: str, k: int) -> list[int]:
     """Token ids after the cached prefix: the user message (intent and the ask for k names) and the template tail."""
-    if not intent.strip():
-        raise ValueError("the intent is empty; describe what the agent wants to do")
+    if problem := intent_problem(catalog, intent):
+        raise ValueError(problem)
     tokenizer = catalog.tokenizer
-    special = next((s for s in tokenizer.special_tokens if s in intent), None)
-    if special is not None:
-        raise ValueError(f"the intent contains the special token text {special!r}; remove it")
     return tokenizer.encode(catalog.user_template.format(intent=intent, k=k) + catalog.tail_text)
