@@ -11,8 +11,7 @@ from typing import Any
 
 from decoder_service.engines.base import Engine
 from decoder_service.engines.catalog import PreparedCatalog, Tool
-from decoder_service.engines.cpu.engine import CpuEngine
-from decoder_service.engines.cpu.model import CpuTransformer
+from decoder_service.engines.factory import make_engine
 from decoder_service.engines.prompt import prepare_catalog
 from decoder_service.models.config import ModelConfig
 from decoder_service.models.loader import load_model, resolve_model_path
@@ -100,24 +99,17 @@ def load_runtime(
     )
 
 
-# KV positions the CUDA engine reserves (fp32 cache): covers the default prompt budget of models up to 64k context.
-CUDA_MAX_CONTEXT = 16_384
-
-
 def _pick_engine(kind: str, config: ModelConfig, weights: Weights, head: str) -> Engine:
     """'auto' takes the CUDA engine when a GPU and the cubin are usable, else the CPU engine; one log line says why."""
     if kind in ("auto", "cuda"):
         reason = _cuda_unusable_reason()
         if reason is None:
-            from decoder_service.engines.cuda.engine import CudaEngine
-
-            context = min(config.max_position_embeddings, CUDA_MAX_CONTEXT)
-            log.info("engine %s: using the CUDA engine (head %s, context %d tokens)", kind, head, context)
-            return CudaEngine(config, weights, head=head, max_context=context)
+            log.info("engine %s: using the CUDA engine (head %s)", kind, head)
+            return make_engine("cuda", config, weights, head)
         if kind == "cuda":
             raise RuntimeError(f"engine cuda requested but {reason}")
         log.info("engine auto: %s; using the CPU engine", reason)
-    return CpuEngine(CpuTransformer(config, weights), head=head)
+    return make_engine("cpu", config, weights, head)
 
 
 def _cuda_unusable_reason() -> str | None:

@@ -11,6 +11,10 @@ ENGINE_NAMES = ("cpu",)
 KNOWN_ENGINES = ("cpu", "cuda")
 
 
+# KV positions the CUDA engine reserves (fp32 cache): covers the default prompt budget of models up to 64k context.
+CUDA_MAX_CONTEXT = 16_384
+
+
 def make_engine(name: str, config: ModelConfig, weights: Weights, head: str = "sparse") -> Engine:
     if name == "cpu":
         from decoder_service.engines.cpu.engine import CpuEngine
@@ -20,5 +24,5 @@ def make_engine(name: str, config: ModelConfig, weights: Weights, head: str = "s
     if name == "cuda":
         from decoder_service.engines.cuda.engine import CudaEngine
 
-        return CudaEngine(config, weights, head=head)
+        return CudaEngine(config, weights, head=head, max_context=min(config.max_position_embeddings, CUDA_MAX_CONTEXT))
     raise ValueError(f"unknown engine {name!r}; available: {', '.join(KNOWN_ENGINES)}")

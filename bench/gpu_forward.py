@@ -1,0 +1,289 @@
+"""Decode speed of the CUDA engine at batch 1 on a Qwen3-1.7B-shaped model (random bf16 weights, 200-token
+prompt), beside the memory floor measured in the same run.
+
+Reports: host-loop time per token (Python launches every kernel, then reads the argmax back), kernel-only
+time per token (the same launch list captured once into a CUDA graph and replayed, timed with events),
+the dense head GEMV alone, device-to-device copy bandwidth, and the floor (weights + KV bytes / bandwidth).
+
+    PYTHONPATH=. python3 bench/gpu_forward.py --out results/bench_gpu_forward.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from decoder_service.engines.cuda import driver
+from decoder_service.engines.cuda.driver import Event, Stream, call, cuda_available
+from decoder_service.engines.cuda.forward import CudaModel
+from decoder_service.engines.cuda.memory import DeviceBuffer, to_bf16_bits
+from decoder_service.engines.cuda.module import Launch, Module
+from decoder_service.engines.cuda.weights import weight_bytes, weight_shapes
+from decoder_service.models.config import ModelConfig
+from tooltrie.cuda_build import build_cubin, cuda_sources_sha256
+
+QWEN3_1_7B = ModelConfig("qwen3", 151936, 2048, 6144, 28, 16, 8, 128, 1e-6, 1e6, 40960, True)
+
+
+def synthetic_weights(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
+    """normal(0, 0.02) matrices and 1 + normal(0, 0.1) norms as bf16 bits; drawn on the GPU with torch if present."""
+    try:
+        import torch
+
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+
+        def draw(shape: tuple[int, ...], scale: float, offset: float) -> np.ndarray:
+            t = torch.randn(shape, generator=gen, device="cuda") * scale + offset
+            return t.to(torch.bfloat16).view(torch.int16).cpu().numpy().view(np.uint16)
+    except (ImportError, RuntimeError):
+        rng = np.random.default_rng(seed)
+
+        def draw(shape: tuple[int, ...], scale: float, offset: float) -> np.ndarray:
+            return to_bf16_bits(rng.standard_normal(shape, dtype=np.float32) * np.float32(scale) + np.float32(offset))
+
+    return {
+        name: draw(shape, 0.1, 1.0) if "norm" in name else draw(shape, 0.02, 0.0)
+        for name, shape in weight_shapes(cfg).items()
+    }
+
+
+def time_events(stream: Stream, fn, repeats: int) -> float:
+    """GPU milliseconds per call of ``fn`` (which issues work on ``stream``), after one warm-up call."""
+    fn()
+    start, end = Event(), Event()
+    start.record(stream)
+    for _ in range(repeats):
+        fn()
+    end.record(stream)
+    end.synchronize()
+    return Event.elapsed_ms(start, end) / repeats
+
+
+def copy_bandwidth(stream: Stream, nbytes: int = 4 << 30) -> float:
+    """Device-to-device copy rate in bytes/s, counting bytes read plus bytes written."""
+    src, dst = DeviceBuffer(nbytes), DeviceBuffer(nbytes)
+    try:
+        ms = time_events(stream, lambda: call("cuMemcpyDtoDAsync", dst.ptr, src.ptr, nbytes, stream.handle), 5)
+    finally:
+        src.free()
+        dst.free()
+    return 2 * nbytes / (ms * 1e-3)
+
+
+def capture(stream: Stream, launches: list[Launch]) -> object:
+    """``launches`` (arguments as packed now) captured into an executable graph."""
+    cu = driver.cu
+    call("cuStreamBeginCapture", stream.handle, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+    for launch in launches:
+        launch(stream)
+    graph = call("cuStreamEndCapture", stream.handle)
+    return call("cuGraphInstantiate", graph, 0)
+
+
+def graph_ms(stream: Stream, launches: list[Launch], repeats: int = 30) -> float:
+    exec_ = capture(stream, launches)
+    ms = time_events(stream, lambda: call("cuGraphLaunch", exec_, stream.handle), repeats)
+    call("cuGraphExecDestroy", exec_)
+    return ms
+
+
+def breakdown(stream: Stream, launches: list[Launch], full_ms: float) -> dict[str, dict[str, float]]:
+    """Cost of each launch group in context: the full step's time minus the step's time without that group.
+
+    Leaving a group out changes the data but not the work of the others, so each difference is that group's
+    share, launch gaps included.
+    """
+    groups = sorted({launch.label for launch in launches})
+    out = {}
+    for label in groups:
+        rest = [launch for launch in launches if launch.label != label]
+        out[label] = {"launches": len(launches) - len(rest), "ms_per_token": full_ms - graph_ms(stream, rest)}
+    return out
+
+
+def write_report(run_dir: Path, results_dir: Path) -> None:
+    """Fold one gpu_run.sh output folder into results/gpu.json and results/gpu.md."""
+    env_lines = (run_dir / "env.txt").read_text().splitlines()
+    sha = next((line.split()[1] for line in env_lines if line.startswith("cuda_sources_sha256")), "?")
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    bench = json.loads((run_dir / "bench_gpu_forward.json").read_text())
+    combined = {
+        "commit": "COMMIT",
+        "date": env_lines[0],
+        "device": env_lines[1],
+        "cuda_sources_sha256": sha,
+        "env": env_lines,
+        "metrics": metrics,
+        "bench": bench,
+    }
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / "gpu.json").write_text(json.dumps(combined, indent=2) + "\n")
+    kernels = [m for m in metrics if m["kind"] == "kernel"]
+    models = [m for m in metrics if m["kind"] == "model"]
+    lines = [
+        "# CUDA engine on the GPU: accuracy and first decode timing",
+        "",
+        f"- date: {env_lines[0]}",
+        "- commit: COMMIT",
+        f"- device: {env_lines[1]} (name, driver, memory, max SM clock)",
+        f"- toolchain: {env_lines[2]}; {env_lines[4]}",
+        f"- cuda/ sources sha256: `{sha}` (`tooltrie.cuda_build.cuda_sources_sha256()`)",
+        "- command: `OUT=<dir> scripts/gpu_run.sh` from the repository root, then "
+        "`python3 bench/gpu_forward.py --report <dir> --results results`",
+        "",
+        "## Kernels against float64 numpy references (fresh random inputs, outputs NaN-poisoned; bound 1e-2)",
+        "",
+        "| kernel case | relative error / exact |",
+        "| --- | --- |",
+    ]
+    for m in kernels:
+        value = f"{m['rel_err']:.2e}" if "rel_err" in m else ("exact" if m.get("exact") else "MISMATCH")
+        lines.append(f"| {m['name']} | {value} |")
+    lines += [
+        "",
+        "## Whole models against Hugging Face transformers (torch fp32 on the same bf16-rounded weights)",
+        "",
+        "Random weights (seed 1234), random prompt, greedy decode on the engine, then one teacher-forced torch pass.",
+        "",
+        "| model | prompt | steps | logits rel. error | worst step | token mismatches (margin > 0.05) "
+        "| near-tie disagreements | steps with margin <= 0.05 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for m in models:
+        lines.append(
+            f"| {m['name']} | {m['prompt_len']} | {m['steps']} | {m['rel_err']:.2e} | {m['max_step_rel_err']:.2e} "
+            f"| {m['token_mismatches']} | {m['near_tie_disagreements']} | {m['steps_with_margin_le_0.05']} |"
+        )
+    b = bench
+    lines += [
+        "",
+        f"## Decode timing, batch 1, {b['model']}, {b['prompt_tokens']}-token prompt",
+        "",
+        "| what | value |",
+        "| --- | --- |",
+        f"| host loop (Python launches, argmax read back), per token | {b['host_loop_ms_per_token']:.3f} ms |",
+        f"| same launch list captured in a CUDA graph (kernel time + graph gaps) | "
+        f"{b['graph_replay_ms_per_token']:.3f} ms |",
+        f"| launches per token | {b['decode_launches_per_token']} |",
+        f"| floor: weights + fp32 KV / copy bandwidth | {b['floor_ms_fp32_kv']:.3f} ms |",
+        f"| floor with a bf16 KV cache | {b['floor_ms_bf16_kv']:.3f} ms |",
+        f"| floor without the dense head (bf16 KV) | {b['floor_ms_without_head_bf16_kv']:.3f} ms |",
+        f"| device-to-device copy bandwidth (read + write) | {b['copy_bandwidth_TBps']:.2f} TB/s |",
+        f"| dense head GEMV alone (151,936 x 2048 bf16) | {b['dense_head_gemv_ms']:.3f} ms "
+        f"({b['dense_head_bandwidth_TBps']:.2f} TB/s) |",
+        f"| prefill of the prompt (tiled fp32 GEMM, untuned) | {b['prefill_ms']:.1f} ms |",
+        "",
+        "Per-token cost of each launch group inside the graph (full step minus the step without that group):",
+        "",
+        "| group | launches | ms per token |",
+        "| --- | --- | --- |",
+    ]
+    for label, part in sorted(b["graph_step_breakdown"].items(), key=lambda kv: -kv[1]["ms_per_token"]):
+        lines.append(f"| {label} | {part['launches']} | {part['ms_per_token']:.3f} |")
+    lines += [
+        "",
+        "Notes:",
+        "- Activations, attention and the KV cache are fp32; weights are bf16 (fp32 accumulation). The floor counts",
+        "  the bytes one step must read; the fp32 cache adds 44 MB over a bf16 one at this prompt length.",
+        "- Differences of about 0.01 ms in the breakdown are timing noise (a tiny kernel can show a negative cost).",
+        "- Decode attention splits the cached positions into fixed 64-position chunks (up to 16 blocks per head),",
+        "  then merges the chunks per head in ascending order (attention_split + attention_combine).",
+        "- The per-layer GEMVs (8-50 MB each) reach 1.3-2.4 TB/s against 4.2 for the dense head: per-launch ramp",
+        "  and tail weigh on matrices this small.",
+    ]
+    (results_dir / "gpu.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("results/bench_gpu_forward.json"))
+    parser.add_argument("--report", type=Path, help="fold a gpu_run.sh output folder into --results and exit")
+    parser.add_argument("--results", type=Path, default=Path("results"))
+    parser.add_argument("--cubin", type=Path, default=os.environ.get("TOOLTRIE_CUBIN"))
+    parser.add_argument("--prompt", type=int, default=200)
+    parser.add_argument("--tokens", type=int, default=64)
+    args = parser.parse_args()
+    if args.report:
+        write_report(args.report, args.results)
+        return 0
+    ok, reason = cuda_available()
+    if not ok:
+        print(f"no usable CUDA device: {reason}", file=sys.stderr)
+        return 2
+    module = Module(args.cubin or build_cubin())
+    stream = Stream()
+    bandwidth = copy_bandwidth(stream)
+    cfg = QWEN3_1_7B
+    t0 = time.perf_counter()
+    weights = synthetic_weights(cfg, seed=0)
+    model = CudaModel(cfg, weights, module, max_context=args.prompt + args.tokens + 8, max_prefill=256, stream=stream)
+    del weights
+    setup_s = time.perf_counter() - t0
+
+    prompt = np.random.default_rng(1).integers(0, cfg.vocab_size, args.prompt).tolist()
+    t0 = time.perf_counter()
+    model.prefill(prompt)
+    model.read_token()
+    prefill_ms = (time.perf_counter() - t0) * 1e3
+
+    # Host loop: every kernel launched from Python, the argmax read back each step.
+    tokens = []
+    t0 = time.perf_counter()
+    for _ in range(args.tokens):
+        model.decode()
+        tokens.append(model.read_token())
+    host_loop_ms = (time.perf_counter() - t0) * 1e3 / args.tokens
+
+    # Kernel-only: replay one captured step (at the last position) many times.
+    model.set_decode_position(args.prompt)
+    step = model.decode_launches
+    step_ms = graph_ms(stream, step, 50)
+    parts = breakdown(stream, step, step_ms)
+    head = next(launch for launch in step if launch.label == "gemv:head")
+    head_ms = time_events(stream, lambda: head(stream), 20)
+
+    w_bytes = weight_bytes(cfg)
+    kv_width = cfg.num_kv_heads * cfg.head_dim
+    kv_bytes_fp32 = cfg.num_layers * 2 * args.prompt * kv_width * 4  # the cache as implemented (fp32)
+    kv_bytes_bf16 = kv_bytes_fp32 // 2
+    head_bytes = cfg.vocab_size * cfg.hidden_size * 2
+    result = {
+        "device": driver.call("cuDeviceGetName", 256, driver.call("cuCtxGetDevice")).split(b"\0", 1)[0].decode(),
+        "driver_version": driver.call("cuDriverGetVersion"),
+        "cuda_sources_sha256": cuda_sources_sha256(),
+        "model": "qwen3-1.7b-shape (random bf16)",
+        "prompt_tokens": args.prompt,
+        "decode_tokens": args.tokens,
+        "decode_launches_per_token": len(step),
+        "setup_s": setup_s,
+        "prefill_ms": prefill_ms,
+        "host_loop_ms_per_token": host_loop_ms,
+        "graph_replay_ms_per_token": step_ms,
+        "dense_head_gemv_ms": head_ms,
+        "dense_head_bandwidth_TBps": head_bytes / (head_ms * 1e-3) / 1e12,
+        "copy_bandwidth_TBps": bandwidth / 1e12,
+        "weight_bytes": w_bytes,
+        "kv_bytes_fp32": kv_bytes_fp32,
+        "floor_ms_fp32_kv": (w_bytes + kv_bytes_fp32) / bandwidth * 1e3,
+        "floor_ms_bf16_kv": (w_bytes + kv_bytes_bf16) / bandwidth * 1e3,
+        "floor_ms_without_head_bf16_kv": (w_bytes - head_bytes + kv_bytes_bf16) / bandwidth * 1e3,
+        "graph_step_bandwidth_TBps": (w_bytes + kv_bytes_fp32) / (step_ms * 1e-3) / 1e12,
+        "graph_step_breakdown": parts,
+        "tokens_head": tokens[:8],
+    }
+    model.free()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    for key, value in result.items():
+        print(f"{key:32s} {value:.4g}" if isinstance(value, float) else f"{key:32s} {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

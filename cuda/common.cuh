@@ -1,0 +1,66 @@
+// Shared helpers for every tooltrie kernel: bf16 storage, fixed-order reductions, token/position inputs.
+#pragma once
+#include <stdint.h>
+
+typedef uint16_t bf16_t;  // raw bfloat16 bits; weights are stored this way on the device
+
+#define TT_WARP 32
+
+// bf16 -> fp32 is exact: the 16 bits are the top half of an fp32.
+__device__ __forceinline__ float bf16_to_float(bf16_t v) { return __uint_as_float(((uint32_t)v) << 16); }
+
+// Unpack one 32-bit word holding two consecutive bf16 values (little endian: low half first).
+__device__ __forceinline__ void bf16x2_to_float(uint32_t w, float& lo, float& hi) {
+    lo = __uint_as_float(w << 16);
+    hi = __uint_as_float(w & 0xffff0000u);
+}
+
+// Butterfly sum over a warp: every lane ends with the same value, and the order of the additions is fixed
+// by the lane pattern alone, so the result is bit-identical from run to run.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = TT_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = TT_WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide sum with a fixed tree: warp butterflies, then warp 0 folds the per-warp partials the same way.
+// `scratch` holds at least 32 floats; blockDim.x is a multiple of 32. Every thread receives the total.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, nwarps = blockDim.x / TT_WARP;
+    v = warp_sum(v);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float p = lane < nwarps ? scratch[lane] : 0.0f;
+        p = warp_sum(p);
+        if (lane == 0) scratch[0] = p;
+    }
+    __syncthreads();
+    return scratch[0];
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, nwarps = blockDim.x / TT_WARP;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float p = lane < nwarps ? scratch[lane] : -INFINITY;
+        p = warp_max(p);
+        if (lane == 0) scratch[0] = p;
+    }
+    __syncthreads();
+    return scratch[0];
+}
+
+// A value that the host either passes directly or leaves in device memory (for captured graphs, where
+// the token and position change between replays). One kernel body serves both forms.
+__device__ __forceinline__ int host_or_device(const int* ptr, int host_value) { return ptr ? *ptr : host_value; }

@@ -1,0 +1,47 @@
+// Per-head q/k RMSNorm (Qwen3), rotary embedding (Hugging Face rotate_half convention) and the KV-cache write.
+// qkv holds, per token, q (n_heads * head_dim), then k and v (n_kv_heads * head_dim each), the layout of
+// the fused q|k|v weight. Grid (n_tokens, n_heads + n_kv_heads), one block of max(32, head_dim) threads per head:
+// q heads are rotated in place; k heads are rotated into k_cache, and the matching v head is copied to
+// v_cache, at absolute position pos0 + t. Caches are fp32 [max_ctx, n_kv_heads, head_dim].
+#pragma once
+#include "common.cuh"
+
+// q_norm / k_norm: per-head RMSNorm weights (head_dim values) or nullptr to skip the norm (Llama, Qwen2).
+extern "C" __global__ void qk_norm_rope_cache(float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
+                                              const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache,
+                                              float* __restrict__ v_cache, const int* pos_ptr, int pos_host,
+                                              int n_heads, int n_kv_heads, int head_dim, float theta, float eps) {
+    __shared__ float head[256];
+    __shared__ float scratch[32];
+    const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    const int pos = host_or_device(pos_ptr, pos_host) + t;
+    const int q_width = n_heads * head_dim, kv_width = n_kv_heads * head_dim;
+    float* row = qkv + (size_t)t * (q_width + 2 * kv_width);
+    const bool is_q = h < n_heads;
+    const int kh = h - n_heads;
+    float* src = is_q ? row + h * head_dim : row + q_width + kh * head_dim;
+    const bf16_t* norm_w = is_q ? q_norm : k_norm;
+
+    const bool active = d < head_dim;  // blocks have whole warps; head_dim may be 16
+    float v = active ? src[d] : 0.0f;
+    if (norm_w) {
+        const float ss = block_sum(v * v, scratch);
+        if (active) v = v * rsqrtf(ss / (float)head_dim + eps) * bf16_to_float(norm_w[d]);
+    }
+    if (active) head[d] = v;
+    __syncthreads();
+    if (!active) return;
+    // Same arithmetic as Hugging Face: inv_freq = 1 / theta^(2i/d) in fp32, angle = pos * inv_freq.
+    const int half = head_dim / 2, i = d % half;
+    const float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
+    const float angle = (float)pos * inv_freq;
+    const float rotated = d < half ? -head[d + half] : head[d - half];
+    const float out = v * cosf(angle) + rotated * sinf(angle);
+    if (is_q) {
+        src[d] = out;
+    } else {
+        const size_t c = ((size_t)pos * n_kv_heads + kh) * head_dim + d;
+        k_cache[c] = out;
+        v_cache[c] = row[q_width + kv_width + kh * head_dim + d];
+    }
+}

@@ -1,0 +1,12 @@
+// The one translation unit built into tooltrie's cubin (sm_90). Each family lives in its own header.
+#include "common.cuh"
+#include "embedding.cuh"
+#include "rmsnorm.cuh"
+#include "gemv.cuh"
+#include "gemm.cuh"
+#include "rope.cuh"
+#include "attention.cuh"
+#include "attention_decode.cuh"
+#include "elementwise.cuh"
+#include "argmax.cuh"
+#include "trie_step.cuh"

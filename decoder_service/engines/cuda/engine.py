@@ -1,0 +1,368 @@
+"""The CUDA engine: constrained greedy decoding with the grammar step on the device.
+
+Per request: the catalog prefix's KV (computed once per ``PreparedCatalog.cache_key``), a prefill of the request
+suffix, then one launch of the device-resident loop (``graph_loop``) or, with ``loop='host'``, the host-driven
+loop over the same kernels. Completed pointers are read from mapped host memory while the loop runs, so each is
+yielded as soon as its SEP/STOP is chosen; its score sums the step log's fp32 log-probs in float64.
+
+One engine decodes one request at a time (one stream, one control block): callers serialise requests, as the
+decoder service's admission does with one active slot per engine.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Generator, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from decoder_service.engines.base import HEADS, DecodeError, DecodeRequest, Engine, Event, PointerEvent, SummaryEvent
+from decoder_service.engines.cuda import driver
+from decoder_service.engines.cuda.driver import CudaError, call
+from decoder_service.engines.cuda.forward import F32, CudaModel
+from decoder_service.engines.cuda.graph_loop import DecodeGraph
+from decoder_service.engines.cuda.host_grammar_loop import HostLoop
+from decoder_service.engines.cuda.memory import DeviceBuffer
+from decoder_service.engines.cuda.module import Module
+from decoder_service.engines.cuda.step import CTL, ERRORS, HEAD_SLOTS, K_MAX, MAX_NAME_TOKENS, ControlInit, StepState
+from decoder_service.engines.cuda.trie_upload import DeviceTrie, Placement
+from decoder_service.models.config import ModelConfig
+from tooltrie.grammar.runtime import GrammarState
+from tooltrie.grammar.trie import CompiledTrie
+
+LOOPS = ("graph", "host")
+CUBIN_ENV = "TOOLTRIE_CUBIN"
+DEFAULT_CUBIN = Path(__file__).resolve().parents[3] / "cuda" / "build" / "tooltrie.cubin"
+POLL_SECONDS = 20e-6
+
+
+def cubin_path() -> Path | None:
+    """The cubin the engine loads: $TOOLTRIE_CUBIN, else cuda/build/tooltrie.cubin; None when neither exists."""
+    env = os.environ.get(CUBIN_ENV)
+    path = Path(env) if env else DEFAULT_CUBIN
+    return path if path.is_file() else None
+
+
+def load_module() -> Module:
+    path = cubin_path()
+    if path is None:
+        raise FileNotFoundError(
+            f"no cubin at ${CUBIN_ENV} or {DEFAULT_CUBIN}; build it with `tooltrie cuda build` (needs nvcc)"
+        )
+    return Module(path)
+
+
+class _Cancelled(Exception):
+    """The request's ``cancelled`` callback turned True."""
+
+
+class CudaEngine(Engine):
+    """Serial (batch 1) decoding on one GPU. ``head``: 'sparse' (legal rows only; nodes wider than 256 legal
+    tokens fall back to the dense head) or 'dense'. ``loop``: 'graph' (device-resident) or 'host'."""
+
+    name = "cuda"
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, np.ndarray],
+        head: str = "sparse",
+        *,
+        loop: str = "graph",
+        module: Module | None = None,
+        max_context: int = 2048,
+        max_prefill: int = 512,
+        trie_placement: Placement = "auto",
+        prefix_cache_entries: int = 4,
+    ) -> None:
+        if head not in HEADS:
+            raise ValueError(f"unknown head {head!r}; accepted: {', '.join(HEADS)}")
+        if loop not in LOOPS:
+            raise ValueError(f"unknown loop {loop!r}; accepted: {', '.join(LOOPS)}")
+        self.head, self.loop, self.trie_placement = head, loop, trie_placement
+        self.module = module or load_module()  # one module per engine: its constant bank is this engine's
+        self.model = CudaModel(config, weights, self.module, max_context=max_context, max_prefill=max_prefill)
+        self.stream = self.model.stream
+        self.state = StepState(config.vocab_size, K_MAX * (MAX_NAME_TOKENS + 1), self.stream)
+        self._drivers: dict[tuple[str, bool], HostLoop | DecodeGraph] = {}
+        self._tries: OrderedDict[int, DeviceTrie] = OrderedDict()
+        self._prefixes: OrderedDict[str, list[DeviceBuffer]] = OrderedDict()
+        self._prefix_entries = prefix_cache_entries
+        self._resident: str | None = None  # the prefix whose KV sits in the model's cache now
+        self._allowed: DeviceBuffer | None = None
+        self._lock = threading.Lock()
+        self.last_steps = 0
+        self.last_streamed = 0  # pointers of the last answer yielded while the device loop still ran
+
+    # -- the engine interface -----------------------------------------------------------------------------
+    def decode(self, request: DecodeRequest) -> Iterator[Event]:
+        from decoder_service.engines.prompt import request_suffix_ids
+
+        catalog = request.catalog
+        GrammarState(catalog.trie, request.k, allowed=request.allowed)  # the host runtime's checks and messages
+        suffix = request_suffix_ids(catalog, request.intent, request.k)
+        yield from self.decode_ids(
+            catalog.trie,
+            request.k,
+            catalog.prefix_ids,
+            suffix,
+            cache_key=catalog.cache_key,
+            allowed=request.allowed,
+            catalog_version=catalog.version,
+            cancelled=request.cancelled,
+        )
+
+    # -- token-level entry point (tests, benchmarks) ------------------------------------------------------
+    def decode_ids(
+        self,
+        trie: CompiledTrie,
+        k: int,
+        prefix_ids: Sequence[int],
+        suffix_ids: Sequence[int],
+        *,
+        cache_key: str | None = None,
+        allowed: Sequence[int] | None = None,
+        catalog_version: int = 0,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> Iterator[Event]:
+        """Decode k pointers after ``prefix_ids + suffix_ids``; the prefix KV is reused under ``cache_key``.
+
+        ``cancelled`` is polled while the loop runs: once True, no further event is yielded (no summary either).
+        A device loop already launched runs its answer out (k names) before the engine takes the next request.
+        """
+        max_steps = self._check(trie, k, len(prefix_ids), len(suffix_ids))
+        with self._lock:  # one request at a time: the stream, the KV cache and the control block are shared
+            yield from self._decode_locked(
+                trie, k, prefix_ids, suffix_ids, max_steps, cache_key, allowed, catalog_version, cancelled
+            )
+
+    def _decode_locked(
+        self,
+        trie: CompiledTrie,
+        k: int,
+        prefix_ids: Sequence[int],
+        suffix_ids: Sequence[int],
+        max_steps: int,
+        cache_key: str | None,
+        allowed: Sequence[int] | None,
+        catalog_version: int,
+        cancelled: Callable[[], bool],
+    ) -> Iterator[Event]:
+        driver.init()  # the context must be current in the calling thread (servers decode on worker threads)
+        t0 = time.perf_counter()
+        cached = self._load_prefix(cache_key, prefix_ids)
+        self.model.prefill(list(suffix_ids))
+        prompt_tokens = self.model.length
+        dense = self._start(trie, k, max_steps, prompt_tokens, allowed)
+        prefill_seconds = time.perf_counter() - t0
+
+        decode_start = time.perf_counter()
+        emitted = yield from self._pointer_events(trie, dense, cancelled)
+        if emitted is None:
+            return  # the caller is gone
+        ctl = self.state.read_ctl()
+        self.last_steps = int(ctl[CTL["steps"]])
+        self.model.length = prompt_tokens  # the answer's KV is not kept: the next request starts after the prompt
+        error = int(ctl[CTL["error"]])
+        if error:
+            raise DecodeError(
+                f"decoding stopped after {self.last_steps} tokens: {ERRORS.get(error, f'device error {error}')} "
+                f"(trie node {int(ctl[CTL['errnode']])})"
+            )
+        if not ctl[CTL["done"]] or emitted != k:
+            raise DecodeError(f"the device loop ended without finishing the answer ({emitted} of {k} pointers)")
+        yield SummaryEvent(
+            tokens_generated=self.last_steps,
+            prompt_tokens=prompt_tokens,
+            prefix_cached=cached,
+            prefill_seconds=prefill_seconds,
+            decode_seconds=time.perf_counter() - decode_start,
+            catalog_version=catalog_version,
+        )
+
+    def _check(self, trie: CompiledTrie, k: int, n_prefix: int, n_suffix: int) -> int:
+        """Refuse what the device loop cannot finish; return the step limit k * (longest name + 1)."""
+        if not 1 <= k <= K_MAX:
+            raise ValueError(f"k={k} is out of range; accepted: 1 to {K_MAX}")
+        if not n_suffix:
+            raise ValueError("the request suffix is empty; at least one token must follow the cached prefix")
+        longest = trie.longest_path
+        if longest > MAX_NAME_TOKENS:
+            raise ValueError(f"the trie has names of {longest} tokens; the device publishes at most {MAX_NAME_TOKENS}")
+        max_steps = k * (longest + 1)
+        if n_prefix + n_suffix + max_steps > self.model.max_context:
+            raise ValueError(
+                f"prompt ({n_prefix} + {n_suffix} tokens) plus up to {max_steps} answer tokens exceed the "
+                f"engine's max_context {self.model.max_context}"
+            )
+        return max_steps
+
+    def _start(
+        self, trie: CompiledTrie, k: int, max_steps: int, prompt_tokens: int, allowed: Sequence[int] | None
+    ) -> bool:
+        """Upload the request's grammar state and bind its trie, stream-ordered; return whether the head is dense."""
+        dt = self._device_trie(trie)
+        allowed_ptr, n_allowed = self._upload_allowed(allowed)
+        init = ControlInit(
+            position=prompt_tokens - 1,
+            k=k,
+            max_steps=max_steps,
+            trie_ptr=dt.global_ptr,
+            allowed_ptr=allowed_ptr,
+            n_allowed=n_allowed,
+        )
+        self.state.reset(init)
+        dt.bind(self.module, self.stream)  # after the previous answer, before this one
+        self.stream.synchronize()
+        return self.head == "dense" or trie.stats.max_out_degree > HEAD_SLOTS
+
+    def _pointer_events(
+        self, trie: CompiledTrie, dense: bool, cancelled: Callable[[], bool]
+    ) -> Generator[PointerEvent, None, int | None]:
+        """Run the loop, yielding each pointer the device publishes, while it runs and after.
+
+        Returns the number of pointers, or None when ``cancelled`` turned True.
+        """
+        emitted, last = 0, time.perf_counter()
+
+        def drain() -> Iterator[PointerEvent]:
+            nonlocal emitted, last
+            for pub in self.state.published(emitted):
+                if cancelled():
+                    raise _Cancelled
+                try:
+                    score = self.state.score(pub)
+                except CudaError as exc:
+                    raise DecodeError(f"decoding stopped: {exc}") from exc
+                now = time.perf_counter()
+                yield PointerEvent(
+                    index=emitted,
+                    pointer_id=pub.pointer,
+                    name=trie.names[pub.pointer],
+                    token_ids=pub.tokens,
+                    score=score,
+                    seconds=now - last,
+                    steps=len(pub.tokens) + 1,
+                )
+                emitted, last = emitted + 1, now
+
+        loop = self._run(dense)
+        try:
+            for _ in loop:
+                if cancelled():
+                    raise _Cancelled
+                yield from drain()
+            self.last_streamed = emitted
+            yield from drain()  # anything completed after the last poll
+            return None if cancelled() else emitted
+        except _Cancelled:
+            return None
+        finally:  # also when the consumer closes the stream early
+            loop.close()
+            self.stream.synchronize()  # a graph still running must not race the next request's reset
+
+    def read_trace(self) -> np.ndarray:
+        """(token, logit bits, log-prob bits) of every step of the last answer."""
+        return self.state.read_trace(self.last_steps)
+
+    # -- internals ----------------------------------------------------------------------------------------
+    def _run(self, dense: bool) -> Iterator[None]:
+        key = (self.loop, dense)
+        drv = self._drivers.get(key)
+        if drv is None:
+            drv = (
+                HostLoop(self.model, self.state, dense)
+                if self.loop == "host"
+                else DecodeGraph(self.model, self.state, dense)
+            )
+            self._drivers[key] = drv
+        if isinstance(drv, HostLoop):
+            yield from drv.run()
+            return
+        drv.launch()
+        cu = driver.cu
+        while True:
+            err = cu.cuStreamQuery(self.stream.handle)[0]
+            if err == cu.CUresult.CUDA_SUCCESS:
+                return
+            if err != cu.CUresult.CUDA_ERROR_NOT_READY:
+                driver.check((err,), "cuStreamQuery")
+            yield
+            time.sleep(POLL_SECONDS)
+
+    def _device_trie(self, trie: CompiledTrie) -> DeviceTrie:
+        dt = self._tries.get(id(trie))
+        if dt is None or dt.trie is not trie:
+            dt = DeviceTrie(trie, self.stream, self.trie_placement)
+            self._tries[id(trie)] = dt
+            while len(self._tries) > 8:
+                self._tries.popitem(last=False)[1].free()
+        self._tries.move_to_end(id(trie))
+        return dt
+
+    def _upload_allowed(self, allowed: Sequence[int] | None) -> tuple[int, int]:
+        if allowed is None:
+            return 0, -1
+        ids = np.unique(np.asarray(list(allowed), dtype=np.int32))
+        need = max(1, ids.size) * 4
+        if self._allowed is None or self._allowed.nbytes < need:
+            if self._allowed is not None:
+                self.stream.synchronize()
+                self._allowed.free()
+            self._allowed = DeviceBuffer(max(need, 4096))
+        if ids.size:
+            self._allowed.upload(ids, self.stream)
+        return self._allowed.ptr, int(ids.size)
+
+    def _load_prefix(self, key: str | None, prefix_ids: Sequence[int]) -> bool:
+        """Put the prefix's KV in the model's cache; True when it was reused rather than computed."""
+        m, n = self.model, len(prefix_ids)
+        if n and key is not None and key == self._resident:
+            m.length = n  # positions below n are untouched since the prefix was computed
+            return True
+        saved = self._prefixes.get(key) if key is not None else None
+        if saved is not None and n:
+            nbytes = n * m.kv_width * F32
+            for buf, dst in zip(saved, [*m.k_cache, *m.v_cache], strict=True):
+                call("cuMemcpyDtoDAsync", dst.ptr, buf.ptr, nbytes, self.stream.handle)
+            self._prefixes.move_to_end(key)
+            m.length, self._resident = n, key
+            return True
+        m.reset()
+        self._resident = None
+        if not n:
+            return False
+        m.prefill(list(prefix_ids))
+        if key is not None:
+            nbytes = n * m.kv_width * F32
+            copies = []
+            for src in [*m.k_cache, *m.v_cache]:
+                buf = DeviceBuffer(nbytes)
+                call("cuMemcpyDtoDAsync", buf.ptr, src.ptr, nbytes, self.stream.handle)
+                copies.append(buf)
+            self._prefixes[key] = copies
+            while len(self._prefixes) > self._prefix_entries:
+                self.stream.synchronize()
+                for buf in self._prefixes.popitem(last=False)[1]:
+                    buf.free()
+            self._resident = key
+        return False
+
+    def free(self) -> None:
+        self.stream.synchronize()
+        for drv in self._drivers.values():
+            if isinstance(drv, DecodeGraph):
+                drv.destroy()
+        for dt in self._tries.values():
+            dt.free()
+        for bufs in self._prefixes.values():
+            for buf in bufs:
+                buf.free()
+        if self._allowed is not None:
+            self._allowed.free()
+        self.state.free()
+        self.model.free()

@@ -1,0 +1,491 @@
+"""The model on the GPU: weights, KV cache, activations, and the launch sequences of prefill and decode.
+
+Prefill (many tokens, tiled GEMM) and decode (one token, GEMV) are separate launch lists with different
+shapes. The decode list is packed once; a step only rewrites the position argument, and the token comes
+from device memory (the previous step's argmax), so the same list can later be captured into a graph.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from decoder_service.engines.cuda.driver import Stream
+from decoder_service.engines.cuda.memory import DeviceBuffer
+from decoder_service.engines.cuda.module import Launch, Module
+from decoder_service.engines.cuda.weights import ModelWeights, upload_weights
+from decoder_service.models.config import ModelConfig
+
+F32 = 4
+THREADS = 256
+GEMV_WARPS = 8  # warps per GEMV block (cuda/gemv.cuh)
+GEMV_SPLIT_MIN_K = 4096  # rows at least this long are shared by two warps (faster for the MLP down GEMV)
+GEMM_TILE = 64  # GEMM_BM == GEMM_BN in cuda/gemm.cuh
+ATTN_THREADS = 256
+ATTN_CHUNK = 64  # positions per partial of the decode attention (cuda/attention_decode.cuh)
+ATTN_SPLIT_BLOCKS = 16  # blocks per head of the decode attention; each takes every 16th chunk
+ATTN_STATIC_SHARED = 33_920  # attention's static shared memory (ptxas -v)
+MAX_SHARED_PER_BLOCK = 227 * 1024
+ARGMAX_THREADS = 1024
+DEFAULT_SHARED_LIMIT = 48 * 1024
+GEMV_IN_PLAIN, GEMV_IN_RMSNORM, GEMV_IN_SWIGLU = 0, 1, 2  # input transforms of cuda/gemv.cuh
+
+
+def gemv_warps_per_row(n_out: int, k_in: int) -> int:
+    """Warps that share one GEMV row: two for long rows (the MLP down projection), else one.
+
+    A function of the shape alone, so a matrix is always reduced the same way whatever the batch or call
+    site. Measured on an H200: splitting short rows over more warps (more, smaller blocks) was slower.
+    """
+    return 2 if k_in >= GEMV_SPLIT_MIN_K else 1
+
+
+def check_config(config: ModelConfig) -> None:
+    """Reject shapes the kernels do not cover, naming the value and what is accepted."""
+    c = config
+    if not (c.head_dim == 16 or c.head_dim % 32 == 0) or not 16 <= c.head_dim <= 256:
+        raise ValueError(
+            f"head_dim {c.head_dim} is not supported; use 16 or a multiple of 32 up to 256 (16, 64 and 128 tested)"
+        )
+    for name, k in (
+        ("hidden_size", c.hidden_size),
+        ("intermediate_size", c.intermediate_size),
+        ("num_heads * head_dim", c.num_heads * c.head_dim),
+    ):
+        if k % 8:
+            raise ValueError(f"{name} {k} must be a multiple of 8 (GEMV reads 16-byte rows)")
+
+
+class CudaModel:
+    """One sequence's forward pass on the GPU (batch 1)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, np.ndarray],
+        module: Module,
+        max_context: int = 4096,
+        max_prefill: int = 512,
+        stream: Stream | None = None,
+    ) -> None:
+        check_config(config)
+        self.config = config
+        self.module = module
+        self.stream = stream or Stream()
+        self.max_context = max_context
+        self.max_prefill = max_prefill
+        self.weights: ModelWeights = upload_weights(config, weights, self.stream)
+        c = config
+        self.q_width = c.num_heads * c.head_dim
+        self.kv_width = c.num_kv_heads * c.head_dim
+        self.qkv_width = self.q_width + 2 * self.kv_width
+        t = max_prefill
+        self.x = DeviceBuffer(t * c.hidden_size * F32)  # residual stream
+        self.xn = DeviceBuffer(t * c.hidden_size * F32)  # normalised input of a block
+        self.qkv = DeviceBuffer(t * self.qkv_width * F32)
+        self.attn = DeviceBuffer(t * self.q_width * F32)
+        self.gate_up = DeviceBuffer(t * 2 * c.intermediate_size * F32)
+        self.act = DeviceBuffer(t * c.intermediate_size * F32)
+        self.logits = DeviceBuffer(c.vocab_size * F32)
+        self.tokens = DeviceBuffer(t * 4)  # prompt ids of a prefill chunk
+        self.token = DeviceBuffer(4)  # argmax output; the next decode step's input
+        cache_bytes = max_context * self.kv_width * F32
+        self.k_cache = [DeviceBuffer(cache_bytes) for _ in range(c.num_layers)]
+        self.v_cache = [DeviceBuffer(cache_bytes) for _ in range(c.num_layers)]
+        self.attn_shared = max_context * F32  # one score per cached position (prefill attention)
+        self.max_chunks = -(-max_context // ATTN_CHUNK)
+        self.attn_partial = DeviceBuffer(c.num_heads * self.max_chunks * (c.head_dim + 2) * F32)
+        if self.attn_shared + ATTN_STATIC_SHARED > MAX_SHARED_PER_BLOCK:
+            limit = (MAX_SHARED_PER_BLOCK - ATTN_STATIC_SHARED) // F32
+            raise ValueError(f"max_context {max_context} needs more shared memory than a block has; at most {limit}")
+        if self.attn_shared + ATTN_STATIC_SHARED > DEFAULT_SHARED_LIMIT:
+            module.kernel("attention").set_max_dynamic_shared(self.attn_shared)
+        gemv_shared = max(c.hidden_size, self.q_width, c.intermediate_size) * F32  # the staged input row
+        if gemv_shared > DEFAULT_SHARED_LIMIT - 1024:
+            if gemv_shared > MAX_SHARED_PER_BLOCK - 1024:
+                raise ValueError(
+                    f"GEMV inputs of {gemv_shared // F32} values exceed shared memory; at most "
+                    f"{(MAX_SHARED_PER_BLOCK - 1024) // F32}"
+                )
+            module.kernel("gemv_bf16").set_max_dynamic_shared(gemv_shared)
+        self.length = 0  # positions held in the KV cache
+        self._decode, self._decode_pos_args = self._build(1, tokens_ptr=self.token.ptr, pos=0)
+
+    # -- launch lists -------------------------------------------------------------------------------------
+    def _build(
+        self, n: int, tokens_ptr: int, pos: int, pos_ptr: int = 0, head: bool = True
+    ) -> tuple[list[Launch], list[tuple[Launch, int]]]:
+        """Launches for ``n`` tokens at positions pos..pos+n-1, then the final norm of the last token into
+        ``xn`` and, with ``head``, the dense head and argmax.
+
+        ``pos_ptr``: device address of the position (0: the host value ``pos``). Returns the launches and the
+        (launch, argument index) pairs that carry the host position.
+        """
+        c, w, k = self.config, self.weights, self.module.kernel
+        eps = float(c.rms_norm_eps)
+        launches: list[Launch] = []
+        pos_args: list[tuple[Launch, int]] = []
+        launches.append(
+            Launch(
+                k("embed_gather"),
+                (n, 1, 1),
+                (THREADS, 1, 1),
+                [
+                    ("ptr", w.embed.ptr),
+                    ("ptr", tokens_ptr),
+                    ("i32", 0),
+                    ("ptr", self.x.ptr),
+                    ("i32", c.hidden_size),
+                    ("i32", c.vocab_size),
+                ],
+            )
+        )
+        for i, lw in enumerate(w.layers):
+            # Decode (n == 1) fuses each RMSNorm and the SwiGLU into the GEMV that consumes them; prefill
+            # runs them as separate kernels around the tiled GEMM.
+            if n == 1:
+                launches.append(
+                    self._gemv(
+                        lw.qkv.ptr,
+                        self.x.ptr,
+                        GEMV_IN_RMSNORM,
+                        lw.input_norm.ptr,
+                        _ptr(lw.qkv_bias),
+                        0,
+                        self.qkv.ptr,
+                        self.qkv_width,
+                        c.hidden_size,
+                        "qkv",
+                    )
+                )
+            else:
+                launches.append(self._rmsnorm(self.x.ptr, lw.input_norm.ptr, self.xn.ptr, n, eps))
+                launches.append(
+                    self._gemm(
+                        lw.qkv.ptr, self.xn.ptr, _ptr(lw.qkv_bias), 0, self.qkv.ptr, n, self.qkv_width, c.hidden_size
+                    )
+                )
+            rope = Launch(
+                k("qk_norm_rope_cache"),
+                (n, c.num_heads + c.num_kv_heads, 1),
+                (max(32, c.head_dim), 1, 1),  # whole warps: the block sum folds warps
+                [
+                    ("ptr", self.qkv.ptr),
+                    ("ptr", _ptr(lw.q_norm)),
+                    ("ptr", _ptr(lw.k_norm)),
+                    ("ptr", self.k_cache[i].ptr),
+                    ("ptr", self.v_cache[i].ptr),
+                    ("ptr", pos_ptr),
+                    ("i32", pos),
+                    ("i32", c.num_heads),
+                    ("i32", c.num_kv_heads),
+                    ("i32", c.head_dim),
+                    ("f32", float(c.rope_theta)),
+                    ("f32", eps),
+                ],
+            )
+            if n == 1:
+                attn_launches, attn_pos = self._decode_attention(i, pos_ptr, pos)
+            else:
+                attn = Launch(
+                    k("attention"),
+                    (c.num_heads, n, 1),
+                    (ATTN_THREADS, 1, 1),
+                    [
+                        ("ptr", self.qkv.ptr),
+                        ("ptr", self.k_cache[i].ptr),
+                        ("ptr", self.v_cache[i].ptr),
+                        ("ptr", self.attn.ptr),
+                        ("ptr", pos_ptr),
+                        ("i32", pos),
+                        ("i32", c.num_heads),
+                        ("i32", c.num_kv_heads),
+                        ("i32", c.head_dim),
+                        ("f32", 1.0 / math.sqrt(c.head_dim)),
+                    ],
+                    shared_bytes=self.attn_shared,
+                )
+                attn_launches, attn_pos = [attn], [(attn, 5)]
+            launches += [rope, *attn_launches]
+            pos_args += [(rope, 6), *attn_pos]
+            if n == 1:
+                launches += [
+                    self._gemv(
+                        lw.o.ptr,
+                        self.attn.ptr,
+                        GEMV_IN_PLAIN,
+                        0,
+                        0,
+                        self.x.ptr,
+                        self.x.ptr,
+                        c.hidden_size,
+                        self.q_width,
+                        "o",
+                    ),
+                    self._gemv(
+                        lw.gate_up.ptr,
+                        self.x.ptr,
+                        GEMV_IN_RMSNORM,
+                        lw.post_norm.ptr,
+                        0,
+                        0,
+                        self.gate_up.ptr,
+                        2 * c.intermediate_size,
+                        c.hidden_size,
+                        "gate_up",
+                    ),
+                    self._gemv(
+                        lw.down.ptr,
+                        self.gate_up.ptr,
+                        GEMV_IN_SWIGLU,
+                        0,
+                        0,
+                        self.x.ptr,
+                        self.x.ptr,
+                        c.hidden_size,
+                        c.intermediate_size,
+                        "down",
+                    ),
+                ]
+                continue
+            total = n * c.intermediate_size
+            launches += [
+                self._gemm(lw.o.ptr, self.attn.ptr, 0, self.x.ptr, self.x.ptr, n, c.hidden_size, self.q_width),
+                self._rmsnorm(self.x.ptr, lw.post_norm.ptr, self.xn.ptr, n, eps),
+                self._gemm(
+                    lw.gate_up.ptr, self.xn.ptr, 0, 0, self.gate_up.ptr, n, 2 * c.intermediate_size, c.hidden_size
+                ),
+                Launch(
+                    k("swiglu"),
+                    (min(4096, -(-total // THREADS)), 1, 1),
+                    (THREADS, 1, 1),
+                    [("ptr", self.gate_up.ptr), ("ptr", self.act.ptr), ("i32", n), ("i32", c.intermediate_size)],
+                ),
+                self._gemm(lw.down.ptr, self.act.ptr, 0, self.x.ptr, self.x.ptr, n, c.hidden_size, c.intermediate_size),
+            ]
+        launches += self._head(n) if head else self._head(n)[:1]
+        return launches, pos_args
+
+    def _decode_attention(self, layer: int, pos_ptr: int, pos: int) -> tuple[list[Launch], list[tuple[Launch, int]]]:
+        """Decode attention split over fixed 64-position chunks, then merged per head (cuda/attention_decode.cuh)."""
+        c, k = self.config, self.module.kernel
+        split = Launch(
+            k("attention_split"),
+            (c.num_heads, min(self.max_chunks, ATTN_SPLIT_BLOCKS), 1),
+            (ATTN_THREADS, 1, 1),
+            [
+                ("ptr", self.qkv.ptr),
+                ("ptr", self.k_cache[layer].ptr),
+                ("ptr", self.v_cache[layer].ptr),
+                ("ptr", self.attn_partial.ptr),
+                ("ptr", pos_ptr),
+                ("i32", pos),
+                ("i32", c.num_heads),
+                ("i32", c.num_kv_heads),
+                ("i32", c.head_dim),
+                ("f32", 1.0 / math.sqrt(c.head_dim)),
+                ("i32", self.max_chunks),
+            ],
+            label="attention_split",
+        )
+        combine = Launch(
+            k("attention_combine"),
+            (c.num_heads, 1, 1),
+            (max(32, c.head_dim), 1, 1),
+            [
+                ("ptr", self.attn_partial.ptr),
+                ("ptr", self.attn.ptr),
+                ("ptr", pos_ptr),
+                ("i32", pos),
+                ("i32", c.head_dim),
+                ("i32", self.max_chunks),
+            ],
+            label="attention_combine",
+        )
+        return [split, combine], [(split, 5), (combine, 3)]
+
+    def step_launches(self, token_ptr: int, pos_ptr: int) -> tuple[list[Launch], list[tuple[Launch, int]]]:
+        """One decode token's forward pass up to the final norm (into ``xn``), without a head.
+
+        Device-pointer form: ``token_ptr`` and ``pos_ptr`` hold the token and its position (a captured graph).
+        Host-argument form (both 0): set the embedding's argument 2 to the token and the returned position
+        arguments to the position before each launch.
+        """
+        return self._build(1, tokens_ptr=token_ptr, pos=0, pos_ptr=pos_ptr, head=False)
+
+    def dense_head(self) -> Launch:
+        """The vocabulary GEMV of ``xn`` into ``logits`` (the dense head; the sparse head reads the same rows)."""
+        return self._head(1)[1]
+
+    def _head(self, n: int) -> list[Launch]:
+        """Final norm of the last token, the dense vocabulary GEMV, then greedy argmax into ``self.token``.
+
+        The norm runs as its own kernel here: the head GEMV has ~19,000 blocks, and a per-block norm prologue
+        cost more than one extra launch (measured on an H200).
+        """
+        c, k = self.config, self.module.kernel
+        last = self.x.ptr + (n - 1) * c.hidden_size * F32
+        return [
+            self._rmsnorm(last, self.weights.norm.ptr, self.xn.ptr, 1, float(c.rms_norm_eps)),
+            self._gemv(
+                self.weights.lm_head.ptr,
+                self.xn.ptr,
+                GEMV_IN_PLAIN,
+                0,
+                0,
+                0,
+                self.logits.ptr,
+                c.vocab_size,
+                c.hidden_size,
+                "head",
+            ),
+            Launch(
+                k("argmax"),
+                (1, 1, 1),
+                (ARGMAX_THREADS, 1, 1),
+                [("ptr", self.logits.ptr), ("i32", c.vocab_size), ("ptr", self.token.ptr)],
+            ),
+        ]
+
+    def _rmsnorm(self, x: int, w: int, out: int, rows: int, eps: float) -> Launch:
+        return Launch(
+            self.module.kernel("rmsnorm"),
+            (rows, 1, 1),
+            (THREADS, 1, 1),
+            [("ptr", x), ("ptr", w), ("ptr", out), ("i32", self.config.hidden_size), ("f32", eps)],
+        )
+
+    def _gemv(
+        self,
+        w: int,
+        x: int,
+        x_mode: int,
+        norm_w: int,
+        bias: int,
+        residual: int,
+        y: int,
+        n_out: int,
+        k_in: int,
+        label: str,
+    ) -> Launch:
+        """y[n_out] = in(x) @ W.T (+ bias) (+ residual) for one token; ``x_mode`` picks the input transform."""
+        split = gemv_warps_per_row(n_out, k_in)
+        grid = (-(-n_out // (GEMV_WARPS // split)), 1, 1)
+        return Launch(
+            self.module.kernel("gemv_bf16"),
+            grid,
+            (THREADS, 1, 1),
+            [
+                ("ptr", w),
+                ("ptr", x),
+                ("ptr", norm_w),
+                ("i32", x_mode),
+                ("f32", float(self.config.rms_norm_eps)),
+                ("ptr", bias),
+                ("ptr", residual),
+                ("ptr", y),
+                ("i32", n_out),
+                ("i32", k_in),
+                ("i32", split),
+            ],
+            shared_bytes=k_in * F32,
+            label=f"gemv:{label}",
+        )
+
+    def _gemm(self, w: int, x: int, bias: int, residual: int, y: int, m: int, n_out: int, k_in: int) -> Launch:
+        """y[m, n_out] = x[m, k_in] @ W.T (+ bias) (+ residual) with the tiled GEMM (prefill)."""
+        grid = (-(-n_out // GEMM_TILE), -(-m // GEMM_TILE), 1)
+        return Launch(
+            self.module.kernel("gemm_bf16"),
+            grid,
+            (THREADS, 1, 1),
+            [
+                ("ptr", x),
+                ("ptr", w),
+                ("ptr", bias),
+                ("ptr", residual),
+                ("ptr", y),
+                ("i32", m),
+                ("i32", n_out),
+                ("i32", k_in),
+            ],
+        )
+
+    # -- running ------------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Start a new sequence (the cache is overwritten from position 0)."""
+        self.length = 0
+
+    def prefill(self, tokens: Sequence[int]) -> None:
+        """Append ``tokens`` to the sequence in chunks of ``max_prefill``; logits and argmax of the last one follow."""
+        ids = np.asarray(tokens, dtype=np.int32)
+        if ids.size == 0:
+            raise ValueError("prefill needs at least one token")
+        if self.length + ids.size > self.max_context:
+            raise ValueError(f"{self.length} cached + {ids.size} new tokens exceed max_context {self.max_context}")
+        for start in range(0, ids.size, self.max_prefill):
+            chunk = ids[start : start + self.max_prefill]
+            self.tokens.upload(chunk, self.stream)
+            launches, _ = self._build(chunk.size, tokens_ptr=self.tokens.ptr, pos=self.length)
+            for launch in launches:
+                launch(self.stream)
+            self.length += chunk.size
+
+    def decode(self, token: int | None = None) -> None:
+        """Run one token at the next position: ``token`` if given, else the previous argmax (device memory)."""
+        if self.length >= self.max_context:
+            raise ValueError(f"the sequence reached max_context {self.max_context}")
+        if token is not None:
+            self.token.upload(np.asarray([token], dtype=np.int32), self.stream)
+        self.set_decode_position(self.length)
+        self.launch_decode()
+        self.length += 1
+
+    def launch_decode(self) -> None:
+        """Issue the decode launch list as packed (position arguments as last set)."""
+        for launch in self._decode:
+            launch(self.stream)
+
+    def read_logits(self) -> np.ndarray:
+        return self.logits.download(np.float32, self.config.vocab_size, self.stream)
+
+    def read_token(self) -> int:
+        token = int(self.token.download(np.int32, 1, self.stream)[0])
+        if token < 0:
+            raise FloatingPointError("every logit is NaN: the forward pass produced no valid token")
+        return token
+
+    @property
+    def decode_launches(self) -> list[Launch]:
+        """The packed decode step, in launch order (for capture into a graph)."""
+        return list(self._decode)
+
+    def set_decode_position(self, position: int) -> None:
+        """Set the host position argument of the packed decode step (``decode`` does this itself)."""
+        for launch, index in self._decode_pos_args:
+            launch.set(index, position)
+
+    def free(self) -> None:
+        buffers = [
+            self.x,
+            self.xn,
+            self.qkv,
+            self.attn,
+            self.attn_partial,
+            self.gate_up,
+            self.act,
+            self.logits,
+            self.tokens,
+            self.token,
+            *self.k_cache,
+            *self.v_cache,
+        ]
+        for buf in buffers:
+            buf.free()
+        self.weights.free()
+
+
+def _ptr(buf: DeviceBuffer | None) -> int:
+    return buf.ptr if buf is not None else 0

@@ -1,0 +1,92 @@
+"""Load tooltrie's cubin, look up kernels and globals, and launch kernels with pre-packed arguments."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Any
+
+from decoder_service.engines.cuda import driver
+from decoder_service.engines.cuda.driver import Stream, call
+
+# Argument kinds a kernel signature uses: device pointers travel as 64-bit integers (0 is nullptr); u64 carries
+# opaque handles (a graph's conditional handle).
+_CTYPES = {"ptr": ctypes.c_uint64, "u64": ctypes.c_uint64, "i32": ctypes.c_int32, "f32": ctypes.c_float}
+
+
+class Kernel:
+    """One ``extern "C" __global__`` function of the module."""
+
+    def __init__(self, name: str, handle: Any) -> None:
+        self.name = name
+        self.handle = handle
+
+    def set_max_dynamic_shared(self, nbytes: int) -> None:
+        """Allow more than the default 48 KiB of dynamic shared memory per block."""
+        attr = driver.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        call("cuFuncSetAttribute", self.handle, attr, int(nbytes))
+
+
+class Launch:
+    """A kernel launch whose arguments are packed once into ctypes storage.
+
+    Re-launching costs one ``cuLaunchKernel`` call with an argument-pointer array already built; ``set``
+    changes one argument (e.g. the position) in place for the next launch.
+    """
+
+    def __init__(
+        self,
+        kernel: Kernel,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        args: list[tuple[str, int | float]],
+        shared_bytes: int = 0,
+        label: str = "",
+    ) -> None:
+        if any(g <= 0 for g in grid) or any(b <= 0 for b in block):
+            raise ValueError(f"{kernel.name}: grid {grid} and block {block} must be positive")
+        self.kernel = kernel
+        self.label = label or kernel.name  # what profiles group by (e.g. which GEMV of the layer)
+        self.grid = grid
+        self.block = block
+        self.shared_bytes = shared_bytes
+        try:
+            self._values = [_CTYPES[kind](value) for kind, value in args]
+        except KeyError as exc:
+            raise ValueError(f"{kernel.name}: argument kind {exc} is not one of {sorted(_CTYPES)}") from exc
+        self._pointers = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.addressof(v) for v in self._values])
+        self._params = ctypes.addressof(self._pointers)
+
+    def set(self, index: int, value: int | float) -> None:
+        self._values[index].value = value
+
+    def __call__(self, stream: Stream) -> None:
+        err = driver.cu.cuLaunchKernel(
+            self.kernel.handle, *self.grid, *self.block, self.shared_bytes, stream.handle, self._params, 0
+        )
+        driver.check(err, f"cuLaunchKernel({self.kernel.name})")
+
+
+class Module:
+    """A loaded cubin; kernels are looked up once and cached."""
+
+    def __init__(self, cubin: Path | str | bytes) -> None:
+        driver.init()
+        image = cubin if isinstance(cubin, bytes) else Path(cubin).read_bytes()
+        self.handle = call("cuModuleLoadData", image)
+        self._kernels: dict[str, Kernel] = {}
+
+    def kernel(self, name: str) -> Kernel:
+        if name not in self._kernels:
+            self._kernels[name] = Kernel(name, call("cuModuleGetFunction", self.handle, name.encode()))
+        return self._kernels[name]
+
+    def get_global(self, name: str) -> tuple[int, int]:
+        """(device address, size in bytes) of a ``__device__`` or ``__constant__`` symbol."""
+        ptr, size = call("cuModuleGetGlobal", self.handle, name.encode())
+        return int(ptr), int(size)
+
+    def unload(self) -> None:
+        if self.handle is not None:
+            call("cuModuleUnload", self.handle)
+            self.handle = None

@@ -1,0 +1,234 @@
+"""The grammar step on the device (cuda/trie_step.cuh): the sequence's control block, the published output,
+and the launches of one step (mask, head, step) that both decode loops issue.
+
+Layouts mirror the ``TT_*`` macros of cuda/trie_step.cuh; a test parses the header and checks them.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from decoder_service.engines.cuda.driver import CudaError, Stream, call
+from decoder_service.engines.cuda.forward import F32, GEMV_WARPS, CudaModel, gemv_warps_per_row
+from decoder_service.engines.cuda.memory import DeviceBuffer, MappedHostBuffer
+from decoder_service.engines.cuda.module import Launch
+
+TRIE_THREADS = 256
+HEAD_SLOTS = 256  # TRIE_HEAD_SLOTS: candidates the sparse head can serve
+K_MAX = 16
+MAX_NAME_TOKENS = 132
+OUT_HEADER = 8
+REC_WORDS = 4 + MAX_NAME_TOKENS
+OUT_WORDS = OUT_HEADER + K_MAX * REC_WORDS
+CTL_WORDS = 64
+CTL = {
+    "token": 0,
+    "pos": 1,
+    "node": 2,
+    "owed": 3,
+    "nspent": 4,
+    "done": 5,
+    "error": 6,
+    "steps": 7,
+    "nallowed": 8,
+    "ncand": 9,
+    "curlen": 10,
+    "curscore": 11,
+    "errnode": 12,
+    "maxsteps": 13,
+    "trie": 14,
+    "allowed": 16,
+    "spent": 32,
+}
+OUT_COUNT, OUT_FINISHED, OUT_ERROR, OUT_STEPS = 0, 1, 2, 3
+# Record words: pointer id, token count, the device's fp32 running score (diagnostic: the host sums the step
+# log's fp32 terms in float64, as the contract says), step of the closing token, then the tokens.
+ERRORS = {
+    1: "the grammar left no legal token (empty mask)",
+    2: "the chosen token is not a live edge of the current trie node",
+    3: "the model produced a non-finite logit for a legal token",
+    4: "a name ran past the longest name the decoder can publish",
+    5: "the answer did not end within the step limit k * (depth + 1)",
+    6: "a trie node has more legal tokens than the sparse head's slots; use the dense head",
+}
+
+
+@dataclass(slots=True)
+class ControlInit:
+    """What a request sets before its first step."""
+
+    position: int  # position of the last prompt token (the first chosen token goes at position + 1)
+    k: int
+    max_steps: int
+    trie_ptr: int  # 0: the constant bank
+    allowed_ptr: int = 0
+    n_allowed: int = -1  # -1: the whole catalog
+
+    def words(self) -> np.ndarray:
+        w = np.zeros(CTL_WORDS, dtype=np.int32)
+        w[CTL["pos"]] = self.position
+        w[CTL["owed"]] = self.k
+        w[CTL["nallowed"]] = self.n_allowed
+        w[CTL["maxsteps"]] = self.max_steps
+        w[CTL["spent"] : CTL["spent"] + K_MAX] = -1
+        raw = w.view(np.uint8)
+        raw[4 * CTL["trie"] : 4 * CTL["trie"] + 8] = np.frombuffer(struct.pack("<Q", self.trie_ptr), np.uint8)
+        raw[4 * CTL["allowed"] : 4 * CTL["allowed"] + 8] = np.frombuffer(struct.pack("<Q", self.allowed_ptr), np.uint8)
+        return w
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """One completed pointer as the step kernel published it."""
+
+    pointer: int
+    tokens: tuple[int, ...]
+    step: int  # index of its closing SEP/STOP among the generated tokens
+
+
+class PolledDeviceBuffer:
+    """Fallback for ``MappedHostBuffer``: device memory read back with a synchronous copy on the legacy stream,
+    which does not wait for the engine's non-blocking stream, so polling still sees pointers as they complete."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.device = DeviceBuffer(nbytes)
+        self.ptr = self.device.ptr
+        self._host = np.zeros(nbytes // 4, dtype=np.int32)
+        self._header_dirty = False
+
+    @property
+    def words(self) -> np.ndarray:
+        if self._header_dirty:  # a host write to the header goes to the device first
+            call("cuMemcpyHtoD", self.ptr, self._host.ctypes.data, OUT_HEADER * 4)
+            self._header_dirty = False
+        call("cuMemcpyDtoH", self._host.ctypes.data, self.ptr, self._host.nbytes)
+        return self._host
+
+    def clear_header(self) -> None:
+        self._host[:OUT_HEADER] = 0
+        self._header_dirty = True
+        _ = self.words
+
+    def free(self) -> None:
+        self.device.free()
+
+
+class StepState:
+    """Device buffers of one sequence's grammar step, and the mapped output the host polls."""
+
+    def __init__(self, vocab_size: int, max_steps: int, stream: Stream) -> None:
+        self.stream = stream
+        self.cand_cap = vocab_size  # a node cannot have more distinct tokens than the vocabulary
+        self.ctl = DeviceBuffer(CTL_WORDS * 4)
+        self.cand = DeviceBuffer(2 * self.cand_cap * 4)
+        self.cand_logit = DeviceBuffer(HEAD_SLOTS * F32)
+        self.max_trace = max_steps
+        self.trace = DeviceBuffer(3 * max_steps * 4)
+        self.out: MappedHostBuffer | PolledDeviceBuffer
+        try:
+            self.out = MappedHostBuffer(OUT_WORDS * 4)
+        except CudaError:  # no mapped pinned memory here: poll a device buffer from the legacy stream instead
+            self.out = PolledDeviceBuffer(OUT_WORDS * 4)
+        self._init = np.zeros(CTL_WORDS, dtype=np.int32)
+
+    def reset(self, init: ControlInit) -> None:
+        """Stream-ordered: the next step on ``stream`` starts a new answer."""
+        self._init[:] = init.words()
+        call("cuMemcpyHtoDAsync", self.ctl.ptr, self._init.ctypes.data, self._init.nbytes, self.stream.handle)
+        if isinstance(self.out, PolledDeviceBuffer):
+            self.out.clear_header()
+        else:
+            self.out.words[:OUT_HEADER] = 0
+
+    def read_ctl(self) -> np.ndarray:
+        return self.ctl.download(np.int32, CTL_WORDS, self.stream)
+
+    def read_trace(self, steps: int) -> np.ndarray:
+        """(token, logit bits, log-prob bits) of each of the first ``steps`` steps (after the stream is idle)."""
+        return self.trace.download(np.int32, (steps, 3), self.stream)
+
+    def score(self, pub: Published) -> float:
+        """The contract's score of a published pointer: its tokens' fp32 log-probs summed in float64, in order.
+
+        Read from the step log with a synchronous copy on the legacy stream, which does not wait for the
+        engine's non-blocking stream: the rows read were written by kernels that finished before the step that
+        published the pointer. The log's tokens must be the record's, else the decoder stops.
+        """
+        n = len(pub.tokens)
+        rows = np.empty((n, 3), dtype=np.int32)
+        if n:
+            call("cuMemcpyDtoH", rows.ctypes.data, self.trace.ptr + 12 * (pub.step - n), rows.nbytes)
+        if tuple(rows[:, 0].tolist()) != pub.tokens:
+            raise CudaError(f"the step log disagrees with the published tokens of pointer {pub.pointer}")
+        return float(sum(float(v) for v in rows[:, 2].view(np.float32)))
+
+    def published(self, start: int = 0) -> list[Published]:
+        """Records the device has completed, from index ``start`` (safe while kernels run)."""
+        w = self.out.words
+        out = []
+        for i in range(start, int(w[OUT_COUNT])):
+            rec = w[OUT_HEADER + i * REC_WORDS : OUT_HEADER + (i + 1) * REC_WORDS].copy()
+            n = int(rec[1])
+            out.append(Published(int(rec[0]), tuple(int(t) for t in rec[4 : 4 + n]), int(rec[3])))
+        return out
+
+    def free(self) -> None:
+        for buf in (self.ctl, self.cand, self.cand_logit, self.trace):
+            buf.free()
+        self.out.free()
+
+
+class StepLaunches:
+    """The launches of one grammar step after a forward pass: mask, head (sparse or dense), step."""
+
+    def __init__(self, model: CudaModel, state: StepState, dense: bool, cond: int = 0) -> None:
+        k, c = model.module.kernel, model.config
+        split = gemv_warps_per_row(c.vocab_size, c.hidden_size)
+        assert split <= GEMV_WARPS
+        self.mask = Launch(
+            k("trie_mask"),
+            (1, 1, 1),
+            (TRIE_THREADS, 1, 1),
+            [("ptr", state.ctl.ptr), ("ptr", state.cand.ptr), ("i32", state.cand_cap)],
+        )
+        if dense:
+            self.head = model.dense_head()
+        else:
+            self.head = Launch(
+                k("sparse_head"),
+                (HEAD_SLOTS, 1, 1),
+                (TRIE_THREADS, 1, 1),
+                [
+                    ("ptr", model.weights.lm_head.ptr),
+                    ("ptr", model.xn.ptr),
+                    ("ptr", state.ctl.ptr),
+                    ("ptr", state.cand.ptr),
+                    ("ptr", state.cand_logit.ptr),
+                    ("i32", c.hidden_size),
+                    ("i32", split),
+                ],
+                shared_bytes=c.hidden_size * F32,
+                label="sparse_head",
+            )
+        self.step = Launch(
+            k("trie_step"),
+            (1, 1, 1),
+            (TRIE_THREADS, 1, 1),
+            [
+                ("ptr", state.ctl.ptr),
+                ("ptr", state.cand.ptr),
+                ("i32", state.cand_cap),
+                ("ptr", model.logits.ptr if dense else state.cand_logit.ptr),
+                ("i32", int(dense)),
+                ("ptr", state.trace.ptr),
+                ("ptr", state.out.ptr),
+                ("u64", cond),
+            ],
+        )
+
+    @property
+    def launches(self) -> list[Launch]:
+        return [self.mask, self.head, self.step]

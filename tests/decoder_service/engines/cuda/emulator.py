@@ -1,0 +1,507 @@
+"""A CPU stand-in for ``cuda.bindings.driver``: device memory is a numpy heap, and each kernel launch is
+decoded from its packed argument array with the parameter names and types parsed from ``cuda/*.cuh``,
+then executed by the numpy references. It checks the runtime's plumbing (argument order, pointer
+offsets, buffer layouts, launch shapes) without a GPU; the kernels' own arithmetic is checked on the GPU."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from tests.decoder_service.engines.cuda import reference as ref
+
+CUDA_DIR = Path(__file__).resolve().parents[4] / "cuda"
+_SIGNATURE = re.compile(r'extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s+(\w+)\s*\(([^)]*)\)', re.S)
+
+
+def kernel_signatures(cuda_dir: Path = CUDA_DIR) -> dict[str, list[tuple[str, str]]]:
+    """{kernel: [(parameter name, 'ptr' | 'i32' | 'f32'), ...]} from the sources."""
+    sigs = {}
+    for path in sorted(cuda_dir.glob("*.cuh")):
+        for name, params in _SIGNATURE.findall(path.read_text()):
+            parsed = []
+            for param in params.split(","):
+                words = param.replace("*", " * ").split()
+                kind = "ptr" if "*" in words else {"int": "i32", "float": "f32", "long": "u64"}[words[-2]]
+                parsed.append((words[-1], kind))
+            sigs[name] = parsed
+    return sigs
+
+
+class _Ok:
+    CUDA_SUCCESS = 0
+    CUDA_ERROR_NOT_READY = 600
+
+
+class FakeDriver:
+    """The subset of cuda.bindings.driver the engine calls, every call returning (CUresult, values...)."""
+
+    CUresult = _Ok
+    CUstream_flags = SimpleNamespace(CU_STREAM_NON_BLOCKING=1)
+    CUevent_flags = SimpleNamespace(CU_EVENT_DEFAULT=0)
+    CUfunction_attribute = SimpleNamespace(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8)
+    CUdevice_attribute = SimpleNamespace(
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR=75, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR=76
+    )
+    CU_MEMHOSTALLOC_DEVICEMAP = 2
+    BASE = 1 << 32
+
+    def __init__(self, heap_bytes: int = 64 << 20) -> None:
+        self.heap = np.zeros(heap_bytes, dtype=np.uint8)
+        self.top = 0
+        self.sigs = kernel_signatures()
+        self.launches: list[str] = []
+
+    # -- memory ---------------------------------------------------------------------------------------
+    def view(self, ptr: int, dtype: type, count: int) -> np.ndarray:
+        if ptr == 0:
+            raise AssertionError("kernel dereferenced a null pointer")
+        off = ptr - self.BASE
+        nbytes = count * np.dtype(dtype).itemsize
+        if off < 0 or off + nbytes > self.top:
+            raise AssertionError(f"access of {nbytes} bytes at offset {off} is outside allocated memory")
+        return self.heap[off : off + nbytes].view(dtype)
+
+    def cuMemAlloc(self, n: int) -> tuple:
+        off = self.top
+        self.top = (off + n + 255) // 256 * 256
+        if self.top > self.heap.size:
+            raise MemoryError("emulated heap exhausted")
+        return 0, self.BASE + off
+
+    def cuMemFree(self, ptr: int) -> tuple:
+        return (0,)
+
+    def cuMemcpyHtoDAsync(self, dst: int, src: int, n: int, stream: Any) -> tuple:
+        host = (ctypes.c_uint8 * n).from_address(src)
+        self.view(dst, np.uint8, n)[:] = np.frombuffer(host, dtype=np.uint8)
+        return (0,)
+
+    def cuMemcpyDtoHAsync(self, dst: int, src: int, n: int, stream: Any) -> tuple:
+        ctypes.memmove(dst, self.view(src, np.uint8, n).ctypes.data, n)
+        return (0,)
+
+    def cuMemcpyDtoH(self, dst: int, src: int, n: int) -> tuple:
+        return self.cuMemcpyDtoHAsync(dst, src, n, None)
+
+    def cuMemcpyHtoD(self, dst: int, src: int, n: int) -> tuple:
+        return self.cuMemcpyHtoDAsync(dst, src, n, None)
+
+    def cuMemcpyDtoDAsync(self, dst: int, src: int, n: int, stream: Any) -> tuple:
+        self.view(dst, np.uint8, n)[:] = self.view(src, np.uint8, n)
+        return (0,)
+
+    def cuMemHostAlloc(self, n: int, flags: int) -> tuple:
+        """Mapped host memory: a slice of the heap whose host address is the heap's own storage."""
+        _, ptr = self.cuMemAlloc(n)
+        return 0, self.heap.ctypes.data + (ptr - self.BASE)
+
+    def cuMemHostGetDevicePointer(self, host: int, flags: int) -> tuple:
+        return 0, self.BASE + (host - self.heap.ctypes.data)
+
+    def cuMemFreeHost(self, host: int) -> tuple:
+        return (0,)
+
+    def cuModuleGetGlobal(self, mod: Any, name: bytes) -> tuple:
+        if name != b"tt_trie_const":
+            return 500, None, 0
+        if not hasattr(self, "const_ptr"):
+            self.const_ptr = self.cuMemAlloc(65536)[1]
+        return 0, self.const_ptr, 65536
+
+    def cuStreamQuery(self, stream: Any) -> tuple:
+        return (0,)
+
+    def cuMemsetD32Async(self, dst: int, word: int, count: int, stream: Any) -> tuple:
+        self.view(dst, np.uint32, count)[:] = word
+        return (0,)
+
+    # -- context, module, stream ----------------------------------------------------------------------
+    def cuInit(self, flags: int) -> tuple:
+        return (0,)
+
+    def cuDeviceGet(self, i: int) -> tuple:
+        return 0, i
+
+    def cuCtxGetDevice(self) -> tuple:
+        return 0, 0
+
+    def cuDeviceGetCount(self) -> tuple:
+        return 0, 1
+
+    def cuDeviceGetName(self, n: int, dev: int) -> tuple:
+        return 0, b"Emulated H200\0"
+
+    def cuDeviceGetAttribute(self, attr: int, dev: int) -> tuple:
+        return 0, 9 if attr == 75 else 0
+
+    def cuDevicePrimaryCtxRetain(self, dev: int) -> tuple:
+        return 0, "ctx"
+
+    def cuCtxSetCurrent(self, ctx: Any) -> tuple:
+        return (0,)
+
+    def cuModuleLoadData(self, image: bytes) -> tuple:
+        return 0, "module"
+
+    def cuModuleGetFunction(self, mod: Any, name: bytes) -> tuple:
+        if name.decode() not in self.sigs:
+            return 500, None
+        return 0, name.decode()
+
+    def cuFuncSetAttribute(self, f: Any, attr: Any, value: int) -> tuple:
+        return (0,)
+
+    def cuStreamCreate(self, flags: int) -> tuple:
+        return 0, "stream"
+
+    def cuStreamDestroy(self, stream: Any) -> tuple:
+        return (0,)
+
+    def cuStreamSynchronize(self, stream: Any) -> tuple:
+        return (0,)
+
+    def cuGetErrorName(self, err: int) -> tuple:
+        return 0, f"EMULATED_ERROR_{err}".encode()
+
+    def cuGetErrorString(self, err: int) -> tuple:
+        return 0, b"emulated failure"
+
+    # -- launches -------------------------------------------------------------------------------------
+    def cuLaunchKernel(
+        self,
+        f: str,
+        gx: int,
+        gy: int,
+        gz: int,
+        bx: int,
+        by: int,
+        bz: int,
+        shared: int,
+        stream: Any,
+        params: int,
+        extra: int,
+    ) -> tuple:
+        sig = self.sigs[f]
+        slots = (ctypes.c_void_p * len(sig)).from_address(params)
+        ctype = {"ptr": ctypes.c_uint64, "u64": ctypes.c_uint64, "i32": ctypes.c_int32, "f32": ctypes.c_float}
+        args = {name: ctype[kind].from_address(slots[i]).value for i, (name, kind) in enumerate(sig)}
+        if self.capturing is not None:  # a graph keeps the arguments as they were at capture
+            self.graphs[self.capturing].append((f, args, (gx, gy, gz), (bx, by, bz), shared))
+            return (0,)
+        self._run(f, args, (gx, gy, gz), (bx, by, bz), shared)
+        return (0,)
+
+    def _run(self, f: str, args: dict, grid: tuple, block: tuple, shared: int) -> None:
+        self.launches.append(f)
+        getattr(self, "k_" + f)(SimpleNamespace(**args), grid, block, shared)
+
+    # -- graphs: a list of launches per graph; a WHILE node runs its body while its handle's value is set ----
+    CU_GRAPH_COND_ASSIGN_DEFAULT = 1
+    CUstreamCaptureMode = SimpleNamespace(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL=1)
+    CUgraphNodeType = SimpleNamespace(CU_GRAPH_NODE_TYPE_CONDITIONAL=11)
+    CUgraphConditionalNodeType = SimpleNamespace(CU_GRAPH_COND_TYPE_WHILE=1)
+    CUstreamUpdateCaptureDependencies_flags = SimpleNamespace(CU_STREAM_SET_CAPTURE_DEPENDENCIES=1)
+    capturing: int | None = None
+
+    class CUgraphNodeParams:
+        def __init__(self) -> None:
+            self.type = None
+            self.conditional = SimpleNamespace(handle=None, type=None, size=0, ctx=None, phGraph_out=[])
+
+    def _new_graph(self) -> int:
+        if not hasattr(self, "graphs"):
+            self.graphs: dict[int, list] = {}
+            self.cond_values: dict[int, int] = {}
+        gid = len(self.graphs) + 1
+        self.graphs[gid] = []
+        return gid
+
+    def cuGraphCreate(self, flags: int) -> tuple:
+        return 0, self._new_graph()
+
+    def cuGraphConditionalHandleCreate(self, graph: int, ctx: Any, default: int, flags: int) -> tuple:
+        handle = 1000 + len(self.cond_values)
+        self.cond_values[handle] = default
+        self.graphs[graph].append(("default", handle, default))
+        return 0, handle
+
+    def cuStreamBeginCaptureToGraph(self, stream: Any, graph: int, deps: Any, data: Any, n: int, mode: Any) -> tuple:
+        assert self.capturing is None, "nested capture"
+        self.capturing = graph
+        return (0,)
+
+    def cuStreamGetCaptureInfo(self, stream: Any) -> tuple:
+        return 0, 1, 1, self.capturing, [], [], 0
+
+    def cuGraphAddNode(self, graph: int, deps: Any, data: Any, n: int, params: Any) -> tuple:
+        c = params.conditional
+        assert c.type == 1 and c.size == 1, "only WHILE nodes with one body are emulated"
+        body = self._new_graph()
+        c.phGraph_out = [body]
+        self.graphs[graph].append(("while", c.handle, body))
+        return 0, ("node", body)
+
+    def cuStreamUpdateCaptureDependencies(self, stream: Any, nodes: Any, data: Any, n: int, flags: Any) -> tuple:
+        return (0,)
+
+    def cuStreamEndCapture(self, stream: Any) -> tuple:
+        graph, self.capturing = self.capturing, None
+        return 0, graph
+
+    def cuGraphInstantiate(self, graph: int, flags: int) -> tuple:
+        return 0, graph
+
+    def cuGraphLaunch(self, graph: int, stream: Any) -> tuple:
+        self._replay(graph)
+        return (0,)
+
+    def _replay(self, graph: int) -> None:
+        for item in self.graphs[graph]:
+            if item[0] == "default":
+                self.cond_values[item[1]] = item[2]
+            elif item[0] == "while":
+                while self.cond_values[item[1]]:
+                    self._replay(item[2])
+            else:
+                f, args, grid, block, shared = item
+                self._run(f, dict(args), grid, block, shared)
+
+    def cuGraphExecDestroy(self, graph: int) -> tuple:
+        return (0,)
+
+    def cuGraphDestroy(self, graph: int) -> tuple:
+        return (0,)
+
+    def _bf16(self, ptr: int, count: int) -> np.ndarray:
+        return (self.view(ptr, np.uint16, count).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+    def _pos(self, a: SimpleNamespace) -> int:
+        return int(self.view(a.pos_ptr, np.int32, 1)[0]) if a.pos_ptr else a.pos_host
+
+    def k_embed_gather(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        n = grid[0]
+        tokens = self.view(a.tokens, np.int32, n) if a.tokens else np.array([a.token_host])
+        table = self._bf16(a.table, a.vocab * a.hidden).reshape(a.vocab, a.hidden)
+        self.view(a.out, np.float32, n * a.hidden)[:] = ref.embed(table, tokens).ravel()
+
+    def k_rmsnorm(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        rows = grid[0]
+        x = self.view(a.x, np.float32, rows * a.n).reshape(rows, a.n)
+        y = ref.rmsnorm(x, self._bf16(a.w, a.n), a.eps)
+        self.view(a.out, np.float32, rows * a.n)[:] = y.ravel()
+
+    def _linear(self, a: SimpleNamespace, m: int, x: np.ndarray, out: int) -> None:
+        w = self._bf16(a.W, a.N * a.K).reshape(a.N, a.K)
+        bias = self._bf16(a.bias, a.N) if a.bias else None
+        res = self.view(a.residual, np.float32, m * a.N).reshape(m, a.N).copy() if a.residual else None
+        self.view(out, np.float32, m * a.N)[:] = ref.linear(x, w, bias, res).ravel()
+
+    def k_gemv_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        assert a.warps_per_row == 1 or (a.warps_per_row in (2, 4, 8) and 256 * a.warps_per_row <= a.K), "bad split"
+        assert grid[0] * (8 // a.warps_per_row) >= a.N, "GEMV grid does not cover every row"
+        assert shared >= 4 * a.K, "GEMV needs K floats of dynamic shared memory for its input row"
+        m = grid[1]
+        if a.x_mode == 2:  # silu(gate) * up from the fused gate|up rows
+            x = ref.swiglu(self.view(a.x, np.float32, m * 2 * a.K).reshape(m, 2 * a.K))
+        else:
+            x = self.view(a.x, np.float32, m * a.K).reshape(m, a.K).astype(np.float64)
+            if a.x_mode == 1:
+                x = ref.rmsnorm(x, self._bf16(a.norm_w, a.K), a.eps)
+            else:
+                assert a.x_mode == 0, f"unknown GEMV input mode {a.x_mode}"
+        self._linear(a, m, x, a.y)
+
+    def k_gemm_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        assert grid[0] * 64 >= a.N and grid[1] * 64 >= a.M, "GEMM grid does not cover the output"
+        self._linear(a, a.M, self.view(a.A, np.float32, a.M * a.K).reshape(a.M, a.K), a.C)
+
+    def k_qk_norm_rope_cache(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        t, hd, h, kv = grid[0], a.head_dim, a.n_heads, a.n_kv_heads
+        assert grid[1] == h + kv and block[0] == max(32, hd)
+        width = (h + 2 * kv) * hd
+        qkv = self.view(a.qkv, np.float32, t * width).reshape(t, width)
+        pos0 = self._pos(a)
+        qn = self._bf16(a.q_norm, hd) if a.q_norm else None
+        kn = self._bf16(a.k_norm, hd) if a.k_norm else None
+        q, k, v = ref.qk_norm_rope(qkv, qn, kn, pos0, h, kv, hd, a.theta, a.eps)
+        qkv[:, : h * hd] = q.reshape(t, h * hd)
+        kc = self.view(a.k_cache, np.float32, (pos0 + t) * kv * hd).reshape(pos0 + t, kv, hd)
+        vc = self.view(a.v_cache, np.float32, (pos0 + t) * kv * hd).reshape(pos0 + t, kv, hd)
+        kc[pos0:] = k
+        vc[pos0:] = v
+
+    def k_attention(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        h, t, hd, kv = a.n_heads, grid[1], a.head_dim, a.n_kv_heads
+        assert grid[0] == h
+        pos0 = self._pos(a)
+        assert shared >= 4 * (pos0 + t), "attention's shared memory cannot hold every score"
+        assert abs(a.scale - hd**-0.5) < 1e-6
+        width = (h + 2 * kv) * hd
+        q = self.view(a.qkv, np.float32, t * width).reshape(t, width)[:, : h * hd].reshape(t, h, hd)
+        kc = self.view(a.k_cache, np.float32, (pos0 + t) * kv * hd).reshape(pos0 + t, kv, hd)
+        vc = self.view(a.v_cache, np.float32, (pos0 + t) * kv * hd).reshape(pos0 + t, kv, hd)
+        self.view(a.out, np.float32, t * h * hd)[:] = ref.attention(q.astype(np.float64), kc, vc, pos0).ravel()
+
+    def k_attention_split(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        """Per (head, 64-position chunk): the chunk's max score, sum of exponentials and unnormalised output."""
+        h, hd, kv = a.n_heads, a.head_dim, a.n_kv_heads
+        assert grid[0] == h and block[0] == 256 and 256 % hd == 0
+        length = self._pos(a) + 1
+        n_chunks = -(-length // 64)
+        assert n_chunks <= a.max_chunks, "more chunks than the partial buffer holds"
+        q = self.view(a.qkv, np.float32, (h + 2 * kv) * hd)[: h * hd].reshape(h, hd).astype(np.float64)
+        kc = self.view(a.k_cache, np.float32, length * kv * hd).reshape(length, kv, hd).astype(np.float64)
+        vc = self.view(a.v_cache, np.float32, length * kv * hd).reshape(length, kv, hd).astype(np.float64)
+        part = self.view(a.partial, np.float32, h * a.max_chunks * (hd + 2)).reshape(h, a.max_chunks, hd + 2)
+        for head in range(h):
+            g = head // (h // kv)
+            for c in range(n_chunks):
+                s = kc[c * 64 : (c + 1) * 64, g] @ q[head] * a.scale
+                e = np.exp(s - s.max())
+                part[head, c, 0], part[head, c, 1] = s.max(), e.sum()
+                part[head, c, 2:] = e @ vc[c * 64 : (c + 1) * 64, g]
+
+    def k_attention_combine(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        h, hd = grid[0], a.head_dim
+        assert block[0] >= hd
+        n_chunks = -(-(self._pos(a) + 1) // 64)
+        part = self.view(a.partial, np.float32, h * a.max_chunks * (hd + 2)).reshape(h, a.max_chunks, hd + 2)
+        p = part[:, :n_chunks].astype(np.float64)
+        w = np.exp(p[:, :, 0] - p[:, :, 0].max(axis=1, keepdims=True))
+        out = (p[:, :, 2:] * w[:, :, None]).sum(axis=1) / (p[:, :, 1] * w).sum(axis=1, keepdims=True)
+        self.view(a.out, np.float32, h * hd)[:] = out.ravel()
+
+    def k_swiglu(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        gu = self.view(a.gate_up, np.float32, a.n_tokens * 2 * a.inter).reshape(a.n_tokens, 2 * a.inter)
+        self.view(a.out, np.float32, a.n_tokens * a.inter)[:] = ref.swiglu(gu).ravel()
+
+    def k_residual_add(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        s = self.view(a.a, np.float32, a.n).astype(np.float64) + self.view(a.b, np.float32, a.n)
+        self.view(a.out, np.float32, a.n)[:] = s
+
+    def k_argmax(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        self.view(a.out_token, np.int32, 1)[0] = ref.argmax(self.view(a.logits, np.float32, a.n))
+
+    # -- the grammar step (cuda/trie_step.cuh), decision for decision -----------------------------------
+    def _ctl(self, ptr: int) -> np.ndarray:
+        return self.view(ptr, np.int32, 64)
+
+    def _trie(self, ctl: np.ndarray) -> tuple[np.ndarray, int, int, int]:
+        """(image words, n_nodes, offset of node_terminal, offset of the edges)."""
+        g = int(ctl[14:16].view(np.uint64)[0])
+        ptr = g or self.const_ptr
+        head = self.view(ptr, np.int32, 8)
+        n_nodes, n_edges = int(head[2]), int(head[3])
+        term = 8 + (n_nodes + 3 + 3) // 4 * 4
+        edges = term + (n_nodes + 2 + 3) // 4 * 4
+        return self.view(ptr, np.int32, edges + 4 * n_edges), n_nodes, term, edges
+
+    def _live(self, ctl: np.ndarray, w: np.ndarray, n_nodes: int, term: int, edges: int, node: int, e: int) -> bool:
+        _, child, lo, hi = (int(v) for v in w[edges + 4 * e : edges + 4 * e + 4])
+        spent = ctl[32 : 32 + ctl[4]].tolist()
+        n_allowed = int(ctl[8])
+        allowed = self.view(int(ctl[16:18].view(np.uint64)[0]), np.int32, n_allowed) if n_allowed > 0 else []
+        if child < n_nodes:
+            avail = hi - lo if n_allowed < 0 else int(np.sum((np.asarray(allowed) >= lo) & (np.asarray(allowed) < hi)))
+            return avail > sum(lo <= p < hi for p in spent)
+        p = int(w[term + node])
+        if p < 0 or p in spent or (n_allowed >= 0 and p not in list(allowed)):
+            return False
+        return int(ctl[3]) > 1 if child == n_nodes else int(ctl[3]) == 1
+
+    def k_trie_mask(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        assert grid == (1, 1, 1) and block[0] == 256
+        ctl = self._ctl(a.ctl)
+        if ctl[5] or ctl[6]:
+            return
+        w, n_nodes, term, edges = self._trie(ctl)
+        node = int(ctl[2])
+        cand = self.view(a.cand, np.int32, 2 * a.cand_cap)
+        edge_range = range(int(w[8 + node]), int(w[8 + node + 1]))
+        live = [e for e in edge_range if self._live(ctl, w, n_nodes, term, edges, node, e)]
+        for j, e in enumerate(live[: a.cand_cap]):
+            cand[j], cand[a.cand_cap + j] = w[edges + 4 * e], e
+        ctl[9] = min(len(live), a.cand_cap)
+        if not live:
+            ctl[6], ctl[12] = 1, node
+
+    def k_sparse_head(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        assert grid[0] == 256 and shared >= 4 * a.K
+        ctl = self._ctl(a.ctl)
+        if ctl[5] or ctl[6]:
+            return
+        n = int(ctl[9])
+        rows = self.view(a.cand, np.int32, max(n, 1))[:n]
+        x = self.view(a.x, np.float32, a.K).astype(np.float64)
+        vocab = int(rows.max()) + 1 if n else 1
+        bits = self.view(a.W, np.uint16, vocab * a.K).reshape(vocab, a.K)[rows[:256]]
+        w = (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        self.view(a.cand_logit, np.float32, 256)[: min(n, 256)] = (w @ x).astype(np.float32)
+
+    def k_trie_step(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        assert grid == (1, 1, 1) and block[0] == 256
+        ctl = self._ctl(a.ctl)
+        out = self.view(a.out, np.int32, 8 + 16 * 136)
+        if not (ctl[5] or ctl[6]):
+            self._step(a, ctl, out)
+        out[3], out[2], out[1] = ctl[7], ctl[6], int(bool(ctl[5] or ctl[6]))
+        if a.cond:
+            self.cond_values[a.cond] = int(not (ctl[5] or ctl[6]))
+
+    def _step(self, a: SimpleNamespace, ctl: np.ndarray, out: np.ndarray) -> None:
+        n = int(ctl[9])
+        if not a.dense and n > 256:
+            ctl[6], ctl[12] = 6, ctl[2]
+            return
+        cand = self.view(a.cand, np.int32, 2 * a.cand_cap)
+        if a.dense:
+            vals = self.view(a.logits, np.float32, int(cand[:n].max()) + 1)[cand[:n]]
+        else:
+            vals = self.view(a.logits, np.float32, n).copy()
+        if n == 0 or not np.isfinite(vals).all():
+            ctl[6], ctl[12] = 3, ctl[2]
+            return
+        win = int(np.argmax(vals))
+        top = vals[win]
+        z = np.sum(np.exp(vals - top), dtype=np.float32)
+        logprob = np.float32(top - np.float32(top + np.log(z)))
+        token, edge = int(cand[win]), int(cand[a.cand_cap + win])
+        w, n_nodes, term, edges = self._trie(ctl)
+        node, ns = int(ctl[2]), int(ctl[4])
+        if not (
+            w[8 + node] <= edge < w[8 + node + 1]
+            and w[edges + 4 * edge] == token
+            and self._live(ctl, w, n_nodes, term, edges, node, edge)
+        ):
+            ctl[6], ctl[12] = 2, node
+            return
+        child = int(w[edges + 4 * edge + 1])
+        rec = out[8 + ns * 136 : 8 + (ns + 1) * 136]
+        if child < n_nodes:
+            rec[4 + ctl[10]] = token
+            ctl[10] += 1
+            ctl[11] = np.float32(ctl[11:12].view(np.float32)[0] + logprob).view(np.int32)
+            ctl[2] = child
+        else:
+            rec[0], rec[1], rec[2], rec[3] = w[term + node], ctl[10], ctl[11], ctl[7]
+            out[0] = ns + 1
+            ctl[32 + ns], ctl[4], ctl[3] = w[term + node], ns + 1, ctl[3] - 1
+            ctl[2] = ctl[10] = ctl[11] = 0
+            if child == n_nodes + 1:
+                ctl[5] = 1
+        steps = int(ctl[7])
+        if a.trace:
+            self.view(a.trace, np.int32, 3 * (steps + 1))[3 * steps :] = [
+                token,
+                np.float32(top).view(np.int32),
+                logprob.view(np.int32),
+            ]
+        ctl[0], ctl[1], ctl[7] = token, ctl[1] + 1, steps + 1
+        if steps + 1 >= ctl[13] and not ctl[5]:
+            ctl[6] = 5

@@ -1,0 +1,67 @@
+"""CPU-only checks of the CUDA build and of the engine's behaviour on machines without a GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from decoder_service.engines.cuda import cuda_available
+from decoder_service.engines.cuda.forward import check_config
+from decoder_service.engines.cuda.memory import bf16_bits_to_float, to_bf16_bits
+from decoder_service.models.config import ModelConfig
+from tooltrie.cuda_build import build_cubin, cuda_sources, cuda_sources_sha256, find_nvcc
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed")
+def test_cubin_builds_with_every_kernel(tmp_path: Path) -> None:
+    cubin = build_cubin(tmp_path)
+    data = cubin.read_bytes()
+    assert data[:4] == b"\x7fELF"
+    for kernel in (
+        "embed_gather",
+        "rmsnorm",
+        "gemv_bf16",
+        "gemm_bf16",
+        "qk_norm_rope_cache",
+        "attention",
+        "swiglu",
+        "residual_add",
+        "argmax",
+    ):
+        assert kernel.encode() in data, f"kernel {kernel} missing from the cubin"
+
+
+def test_sources_hash_covers_every_source(tmp_path: Path) -> None:
+    (tmp_path / "a.cuh").write_text("// a\n")
+    (tmp_path / "b.cu").write_text("// b\n")
+    (tmp_path / "notes.txt").write_text("not a source\n")
+    before = cuda_sources_sha256(tmp_path)
+    assert [p.name for p in cuda_sources(tmp_path)] == ["a.cuh", "b.cu"]
+    (tmp_path / "notes.txt").write_text("changed\n")
+    assert cuda_sources_sha256(tmp_path) == before
+    (tmp_path / "a.cuh").write_text("// a changed\n")
+    assert cuda_sources_sha256(tmp_path) != before
+
+
+def test_cuda_unavailable_gives_a_reason() -> None:
+    ok, reason = cuda_available()
+    if ok:
+        pytest.skip(f"a CUDA device is present ({reason})")
+    assert isinstance(reason, str) and reason
+
+
+def test_bf16_rounding_is_nearest_even() -> None:
+    # 1 + 2^-8 lies halfway between bf16 neighbours 1 and 1 + 2^-7: ties go to the even mantissa (1.0);
+    # 1 + 3 * 2^-8 lies halfway between 1 + 2^-7 and 1 + 2^-6 and goes up to the even one.
+    values = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, -2.5, np.inf, np.nan], dtype=np.float32)
+    back = bf16_bits_to_float(to_bf16_bits(values))
+    np.testing.assert_array_equal(back[:5], [1.0, 1.0, 1 + 2**-6, -2.5, np.inf])
+    assert np.isnan(back[5])
+
+
+def test_unsupported_head_dim_is_rejected_with_the_fix() -> None:
+    cfg = ModelConfig("llama", 100, 96, 64, 1, 2, 1, 48, 1e-5, 1e4, 64, True)
+    with pytest.raises(ValueError, match="head_dim 48"):
+        check_config(cfg)

@@ -1,0 +1,87 @@
+"""The CUDA engine's host loop on the numpy stand-in for the driver, through the engine-agnostic contract suite.
+
+No GPU needed: this checks the control block, the trie image offsets, the candidate layout, the published
+records and the prefix cache plumbing. The kernels' own arithmetic is checked on the GPU (test_engine_gpu.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from decoder_service.engines.base import DecodeError, Engine
+from decoder_service.engines.cuda import driver
+from tests.decoder_service.engines.cuda.emulator import FakeDriver
+from tests.decoder_service.engines.test_engine_contract import (  # noqa: F401  (collected here as well)
+    test_allowed_subset_narrows_the_answer,
+    test_greedy_choice_and_score_against_fresh_forward,
+    test_k_distinct_catalog_names,
+    test_prefix_kv_is_reused_per_catalog,
+    test_sparse_and_dense_heads_choose_identically,
+)
+
+
+@pytest.fixture
+def fake_driver(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
+    fake = FakeDriver(heap_bytes=256 << 20)
+    monkeypatch.setattr(driver, "cu", fake)
+    monkeypatch.setattr(driver, "_context", None)
+    return fake
+
+
+@pytest.fixture
+def make_tiny_engine(fake_driver: FakeDriver, tiny_model) -> Callable[..., Engine]:
+    from decoder_service.engines.cuda.engine import CudaEngine
+    from decoder_service.engines.cuda.module import Module
+
+    def make(head: str = "sparse") -> Engine:
+        return CudaEngine(*tiny_model, head=head, loop="host", module=Module(b"cubin"), max_context=512)
+
+    return make
+
+
+@pytest.mark.parametrize("placement", ["constant", "global"])
+def test_trie_placements_decide_identically(fake_driver, tiny_model, tiny_catalog, placement: str) -> None:
+    from decoder_service.engines.base import DecodeRequest
+    from decoder_service.engines.cuda.engine import CudaEngine
+    from decoder_service.engines.cuda.module import Module
+
+    engine = CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=512, trie_placement=placement)
+    events = list(engine.decode(DecodeRequest("Read the config file", 3, tiny_catalog)))
+    assert engine._tries[id(tiny_catalog.trie)].constant == (placement == "constant")
+    assert len({e.name for e in events[:-1]}) == 3
+
+
+def test_empty_mask_grammar_fails_loudly(fake_driver, tiny_model) -> None:
+    from decoder_service.engines.cuda.engine import CudaEngine
+    from decoder_service.engines.cuda.module import Module
+    from tests.decoder_service.engines.cuda.synthetic_tries import empty_mask_trie
+
+    engine = CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=512)
+    with pytest.raises(DecodeError, match="empty mask"):
+        list(engine.decode_ids(empty_mask_trie(), 1, [], [5, 6, 7]))
+
+
+@pytest.mark.parametrize("loop", ["host", "graph"])
+def test_cancelled_request_stops_and_the_next_one_is_unaffected(fake_driver, tiny_model, tiny_catalog, loop) -> None:
+    from decoder_service.engines.base import DecodeRequest, PointerEvent, SummaryEvent
+    from decoder_service.engines.cuda.engine import CudaEngine
+    from decoder_service.engines.cuda.module import Module
+
+    engine = CudaEngine(*tiny_model, loop=loop, module=Module(b"cubin"), max_context=512)
+    request = DecodeRequest("Read the config file", 3, tiny_catalog)
+    full = list(engine.decode(request))
+    seen: list = []
+    cancelled = DecodeRequest("Read the config file", 3, tiny_catalog, cancelled=lambda: len(seen) >= 1)
+    for event in engine.decode(cancelled):
+        seen.append(event)
+    assert not any(isinstance(e, SummaryEvent) for e in seen)
+    assert len(seen) < 3 if loop == "host" else len(seen) <= 3  # an emulated graph runs whole inside its launch
+    events = engine.decode(request)
+    first = next(events)
+    events.close()  # the consumer goes away mid-answer
+    assert isinstance(first, PointerEvent)
+    again = list(engine.decode(request))
+    as_tuples = lambda es: [(e.name, e.token_ids, e.score) for e in es if isinstance(e, PointerEvent)]  # noqa: E731
+    assert as_tuples(again) == as_tuples(full)

@@ -1,0 +1,392 @@
+"""Each kernel on the GPU against its float64 numpy reference, on fresh random inputs with NaN-poisoned outputs.
+
+Operands are bf16 (weights) or fp32 (activations); the bound is ||out - ref|| / ||ref|| <= 1e-2, and the
+measured errors are recorded for the results file."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from tests.decoder_service.engines.cuda import reference as ref
+from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random, load_module, record, requires_gpu
+
+pytestmark = requires_gpu
+TOL = 1e-2
+F32 = np.float32
+
+
+@pytest.fixture(scope="module")
+def device_ctx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
+    from decoder_service.engines.cuda.driver import Stream
+
+    module = load_module(tmp_path_factory.mktemp("cubin"))
+    stream = Stream()
+    yield module, stream
+    stream.destroy()
+
+
+@pytest.fixture
+def dev(device_ctx: tuple) -> Iterator[Device]:
+    d = Device(*device_ctx)
+    yield d
+    d.free()
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))  # stable per test case
+
+
+def check(name: str, out: np.ndarray, expected: np.ndarray) -> None:
+    err = ref.rel_err(out, expected)
+    record("kernel", name, rel_err=err)
+    assert err <= TOL, f"{name}: relative error {err}"
+
+
+def test_embed_gather(dev: Device, rng: np.random.Generator) -> None:
+    vocab, hidden = 5000, 576
+    bits, table = bf16_random(rng, (vocab, hidden))
+    tokens = np.array([0, vocab - 1, 17, 2500, 17], dtype=np.int32)
+    t_buf, tok_buf, out = dev.put(bits), dev.put(tokens), dev.poisoned(len(tokens) * hidden)
+    dev.launch(
+        "embed_gather",
+        (len(tokens), 1, 1),
+        (256, 1, 1),
+        [("ptr", t_buf.ptr), ("ptr", tok_buf.ptr), ("i32", 0), ("ptr", out.ptr), ("i32", hidden), ("i32", vocab)],
+    )
+    check("embed_gather/device-tokens", dev.get(out, F32, (len(tokens), hidden)), ref.embed(table, tokens))
+    one = dev.poisoned(hidden)
+    dev.launch(
+        "embed_gather",
+        (1, 1, 1),
+        (256, 1, 1),
+        [("ptr", t_buf.ptr), ("ptr", 0), ("i32", 42), ("ptr", one.ptr), ("i32", hidden), ("i32", vocab)],
+    )
+    check("embed_gather/host-token", dev.get(one, F32, hidden), table[42])
+    dev.launch(
+        "embed_gather",
+        (1, 1, 1),
+        (256, 1, 1),
+        [("ptr", t_buf.ptr), ("ptr", 0), ("i32", vocab), ("ptr", one.ptr), ("i32", hidden), ("i32", vocab)],
+    )
+    assert np.isnan(dev.get(one, F32, hidden)).all(), "an out-of-range id must not yield a plausible row"
+
+
+@pytest.mark.parametrize("n", [576, 2048])
+def test_rmsnorm(dev: Device, rng: np.random.Generator, n: int) -> None:
+    rows = 3
+    x = (2.0 * rng.standard_normal((rows, n))).astype(F32)
+    wbits, w = bf16_random(rng, n, 0.2, 1.0)
+    xb, wb, out = dev.put(x), dev.put(wbits), dev.poisoned(rows * n)
+    dev.launch(
+        "rmsnorm",
+        (rows, 1, 1),
+        (256, 1, 1),
+        [("ptr", xb.ptr), ("ptr", wb.ptr), ("ptr", out.ptr), ("i32", n), ("f32", 1e-6)],
+    )
+    check(f"rmsnorm/n={n}", dev.get(out, F32, (rows, n)), ref.rmsnorm(x, w, 1e-6))
+
+
+# (N, K, tokens, bias, residual, input mode, warps per row)
+GEMV_CASES = [
+    (1000, 576, 1, True, True, 0, 2),
+    (4096, 2048, 1, True, False, 1, 4),
+    (2048, 6144, 1, False, True, 2, 8),
+    (100, 64, 3, True, True, 1, 1),
+    (100, 256, 3, False, False, 2, 1),
+    (49152, 576, 1, False, False, 1, 1),
+    (1001, 2048, 2, True, True, 0, 8),
+    (77, 4096, 1, False, True, 1, 2),
+]
+MODES = {0: "plain", 1: "rmsnorm", 2: "swiglu"}
+
+
+@pytest.mark.parametrize(("n_out", "k_in", "tokens", "bias", "residual", "x_mode", "split"), GEMV_CASES)
+def test_gemv(
+    dev: Device,
+    rng: np.random.Generator,
+    n_out: int,
+    k_in: int,
+    tokens: int,
+    bias: bool,
+    residual: bool,
+    x_mode: int,
+    split: int,
+) -> None:
+    wbits, w = bf16_random(rng, (n_out, k_in), 0.05)
+    bbits, b = bf16_random(rng, n_out, 0.5)
+    nbits, nw = bf16_random(rng, k_in, 0.2, 1.0)
+    x = (2.0 * rng.standard_normal((tokens, 2 * k_in if x_mode == 2 else k_in))).astype(F32)
+    r = rng.standard_normal((tokens, n_out)).astype(F32)
+    wb, xb, nb = dev.put(wbits), dev.put(x), dev.put(nbits)
+    bb = dev.put(bbits) if bias else None
+    y = dev.put(r) if residual else dev.poisoned(tokens * n_out)  # in place over the residual, as the engine does
+    dev.launch(
+        "gemv_bf16",
+        (-(-n_out // (8 // split)), tokens, 1),
+        (256, 1, 1),
+        [
+            ("ptr", wb.ptr),
+            ("ptr", xb.ptr),
+            ("ptr", nb.ptr if x_mode == 1 else 0),
+            ("i32", x_mode),
+            ("f32", 1e-5),
+            ("ptr", bb.ptr if bb else 0),
+            ("ptr", y.ptr if residual else 0),
+            ("ptr", y.ptr),
+            ("i32", n_out),
+            ("i32", k_in),
+            ("i32", split),
+        ],
+        shared=4 * k_in,
+    )
+    if x_mode == 1:
+        inputs = ref.rmsnorm(x, nw, 1e-5)
+    elif x_mode == 2:
+        inputs = ref.swiglu(x)
+    else:
+        inputs = x
+    expected = ref.linear(inputs, w, b if bias else None, r if residual else None)
+    name = f"gemv/{MODES[x_mode]}/{n_out}x{k_in}x{tokens}/split{split}"
+    check(name, dev.get(y, F32, (tokens, n_out)), expected)
+
+
+def test_gemv_fused_rmsnorm_equals_rmsnorm_kernel(dev: Device, rng: np.random.Generator) -> None:
+    """Decode fuses the norm into the GEMV; it must give the same bits as rmsnorm followed by a plain GEMV."""
+    n_out, k_in = 512, 2048
+    wbits, _ = bf16_random(rng, (n_out, k_in), 0.05)
+    nbits, _ = bf16_random(rng, k_in, 0.2, 1.0)
+    x = (3.0 * rng.standard_normal(k_in)).astype(F32)
+    wb, xb, nb, xn = dev.put(wbits), dev.put(x), dev.put(nbits), dev.poisoned(k_in)
+    fused, plain = dev.poisoned(n_out), dev.poisoned(n_out)
+    dev.launch(
+        "rmsnorm",
+        (1, 1, 1),
+        (256, 1, 1),
+        [("ptr", xb.ptr), ("ptr", nb.ptr), ("ptr", xn.ptr), ("i32", k_in), ("f32", 1e-6)],
+    )
+    common = [("ptr", 0), ("ptr", 0)]
+    dev.launch(
+        "gemv_bf16",
+        (n_out // 2, 1, 1),
+        (256, 1, 1),
+        [
+            ("ptr", wb.ptr),
+            ("ptr", xn.ptr),
+            ("ptr", 0),
+            ("i32", 0),
+            ("f32", 1e-6),
+            *common,
+            ("ptr", plain.ptr),
+            ("i32", n_out),
+            ("i32", k_in),
+            ("i32", 4),
+        ],
+        shared=4 * k_in,
+    )
+    dev.launch(
+        "gemv_bf16",
+        (n_out // 2, 1, 1),
+        (256, 1, 1),
+        [
+            ("ptr", wb.ptr),
+            ("ptr", xb.ptr),
+            ("ptr", nb.ptr),
+            ("i32", 1),
+            ("f32", 1e-6),
+            *common,
+            ("ptr", fused.ptr),
+            ("i32", n_out),
+            ("i32", k_in),
+            ("i32", 4),
+        ],
+        shared=4 * k_in,
+    )
+    same = bool(np.array_equal(dev.get(fused, F32, n_out), dev.get(plain, F32, n_out)))
+    record("kernel", "gemv/fused-rmsnorm-bit-identical", exact=same)
+    assert same
+
+
+@pytest.mark.parametrize(("m", "n_out", "k_in"), [(70, 130, 200), (200, 2048, 576), (2, 33, 64)])
+def test_gemm(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_in: int) -> None:
+    wbits, w = bf16_random(rng, (n_out, k_in), 0.05)
+    bbits, b = bf16_random(rng, n_out, 0.5)
+    x = rng.standard_normal((m, k_in)).astype(F32)
+    r = rng.standard_normal((m, n_out)).astype(F32)
+    wb, xb, bb, rb, out = dev.put(wbits), dev.put(x), dev.put(bbits), dev.put(r), dev.poisoned(m * n_out)
+    dev.launch(
+        "gemm_bf16",
+        (-(-n_out // 64), -(-m // 64), 1),
+        (256, 1, 1),
+        [
+            ("ptr", xb.ptr),
+            ("ptr", wb.ptr),
+            ("ptr", bb.ptr),
+            ("ptr", rb.ptr),
+            ("ptr", out.ptr),
+            ("i32", m),
+            ("i32", n_out),
+            ("i32", k_in),
+        ],
+    )
+    check(f"gemm/{m}x{n_out}x{k_in}", dev.get(out, F32, (m, n_out)), ref.linear(x, w, b, r))
+
+
+@pytest.mark.parametrize(
+    ("hd", "qk_norm", "device_pos"), [(64, True, False), (128, True, True), (128, False, False), (64, False, True)]
+)
+def test_qk_norm_rope_cache(dev: Device, rng: np.random.Generator, hd: int, qk_norm: bool, device_pos: bool) -> None:
+    t, heads, kv, pos0, theta, eps, ctx = 3, 4, 2, 1000, 1e6, 1e-6, 1100
+    width = (heads + 2 * kv) * hd
+    qkv = rng.standard_normal((t, width)).astype(F32)
+    qnb, qn = bf16_random(rng, hd, 0.2, 1.0)
+    knb, kn = bf16_random(rng, hd, 0.2, 1.0)
+    qkv_b, kc, vc = dev.put(qkv), dev.poisoned(ctx * kv * hd), dev.poisoned(ctx * kv * hd)
+    qn_ptr = dev.put(qnb).ptr if qk_norm else 0
+    kn_ptr = dev.put(knb).ptr if qk_norm else 0
+    pos_ptr = dev.put(np.array([pos0], dtype=np.int32)).ptr if device_pos else 0
+    dev.launch(
+        "qk_norm_rope_cache",
+        (t, heads + kv, 1),
+        (hd, 1, 1),
+        [
+            ("ptr", qkv_b.ptr),
+            ("ptr", qn_ptr),
+            ("ptr", kn_ptr),
+            ("ptr", kc.ptr),
+            ("ptr", vc.ptr),
+            ("ptr", pos_ptr),
+            ("i32", -1 if device_pos else pos0),
+            ("i32", heads),
+            ("i32", kv),
+            ("i32", hd),
+            ("f32", theta),
+            ("f32", eps),
+        ],
+    )
+    q, k, v = ref.qk_norm_rope(qkv, qn if qk_norm else None, kn if qk_norm else None, pos0, heads, kv, hd, theta, eps)
+    tag = f"hd={hd},norm={qk_norm},device_pos={device_pos}"
+    out_qkv = dev.get(qkv_b, F32, (t, width))
+    check(f"qk_norm_rope/q/{tag}", out_qkv[:, : heads * hd], q.reshape(t, -1))
+    np.testing.assert_array_equal(out_qkv[:, heads * hd :], qkv[:, heads * hd :])  # k and v stay put in qkv
+    check(f"qk_norm_rope/k_cache/{tag}", dev.get(kc, F32, (ctx, kv, hd))[pos0 : pos0 + t], k)
+    check(f"qk_norm_rope/v_cache/{tag}", dev.get(vc, F32, (ctx, kv, hd))[pos0 : pos0 + t], v)
+
+
+@pytest.mark.parametrize(
+    ("hd", "t", "pos0", "device_pos"), [(64, 5, 37, False), (128, 1, 200, True), (128, 70, 0, False), (64, 1, 0, False)]
+)
+def test_attention(dev: Device, rng: np.random.Generator, hd: int, t: int, pos0: int, device_pos: bool) -> None:
+    heads, kv, ctx = 8, 2, 512
+    width = (heads + 2 * kv) * hd
+    qkv = rng.standard_normal((t, width)).astype(F32)
+    k_cache = rng.standard_normal((ctx, kv, hd)).astype(F32)
+    v_cache = rng.standard_normal((ctx, kv, hd)).astype(F32)
+    qb, kb, vb, out = dev.put(qkv), dev.put(k_cache), dev.put(v_cache), dev.poisoned(t * heads * hd)
+    pos_ptr = dev.put(np.array([pos0], dtype=np.int32)).ptr if device_pos else 0
+    dev.launch(
+        "attention",
+        (heads, t, 1),
+        (128, 1, 1),
+        [
+            ("ptr", qb.ptr),
+            ("ptr", kb.ptr),
+            ("ptr", vb.ptr),
+            ("ptr", out.ptr),
+            ("ptr", pos_ptr),
+            ("i32", -1 if device_pos else pos0),
+            ("i32", heads),
+            ("i32", kv),
+            ("i32", hd),
+            ("f32", hd**-0.5),
+        ],
+        shared=ctx * 4,
+    )
+    q = qkv[:, : heads * hd].reshape(t, heads, hd).astype(np.float64)
+    expected = ref.attention(q, k_cache, v_cache, pos0)
+    check(f"attention/hd={hd},t={t},pos0={pos0}", dev.get(out, F32, (t, heads * hd)), expected)
+
+
+@pytest.mark.parametrize(
+    ("hd", "pos0", "device_pos"), [(128, 200, True), (64, 0, False), (16, 1500, False), (128, 2047, True)]
+)
+def test_decode_attention_split(dev: Device, rng: np.random.Generator, hd: int, pos0: int, device_pos: bool) -> None:
+    """The split decode attention against float64, and bit-identical whatever the number of blocks per head."""
+    heads, kv, ctx = 8, 2, 2048
+    chunks = ctx // 64
+    qkv = rng.standard_normal((heads + 2 * kv) * hd).astype(F32)
+    k_cache = rng.standard_normal((ctx, kv, hd)).astype(F32)
+    v_cache = rng.standard_normal((ctx, kv, hd)).astype(F32)
+    qb, kb, vb = dev.put(qkv), dev.put(k_cache), dev.put(v_cache)
+    part = dev.poisoned(heads * chunks * (hd + 2))
+    pos_ptr = dev.put(np.array([pos0], dtype=np.int32)).ptr if device_pos else 0
+    host_pos = -1 if device_pos else pos0
+    outs = []
+    for blocks in (16, 3):
+        out = dev.poisoned(heads * hd)
+        dev.launch(
+            "attention_split",
+            (heads, blocks, 1),
+            (256, 1, 1),
+            [
+                ("ptr", qb.ptr),
+                ("ptr", kb.ptr),
+                ("ptr", vb.ptr),
+                ("ptr", part.ptr),
+                ("ptr", pos_ptr),
+                ("i32", host_pos),
+                ("i32", heads),
+                ("i32", kv),
+                ("i32", hd),
+                ("f32", hd**-0.5),
+                ("i32", chunks),
+            ],
+        )
+        dev.launch(
+            "attention_combine",
+            (heads, 1, 1),
+            (max(32, hd), 1, 1),
+            [("ptr", part.ptr), ("ptr", out.ptr), ("ptr", pos_ptr), ("i32", host_pos), ("i32", hd), ("i32", chunks)],
+        )
+        outs.append(dev.get(out, F32, heads * hd))
+    q = qkv[: heads * hd].reshape(1, heads, hd).astype(np.float64)
+    check(f"attention_split/hd={hd},pos0={pos0}", outs[0], ref.attention(q, k_cache, v_cache, pos0).ravel())
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_swiglu_and_residual_add(dev: Device, rng: np.random.Generator) -> None:
+    t, inter = 3, 1536
+    gu = (3.0 * rng.standard_normal((t, 2 * inter))).astype(F32)
+    gb, out = dev.put(gu), dev.poisoned(t * inter)
+    dev.launch("swiglu", (18, 1, 1), (256, 1, 1), [("ptr", gb.ptr), ("ptr", out.ptr), ("i32", t), ("i32", inter)])
+    check("swiglu", dev.get(out, F32, (t, inter)), ref.swiglu(gu))
+    a, b = rng.standard_normal(10_001).astype(F32), rng.standard_normal(10_001).astype(F32)
+    ab, bb = dev.put(a), dev.put(b)
+    dev.launch(
+        "residual_add", (8, 1, 1), (256, 1, 1), [("ptr", ab.ptr), ("ptr", bb.ptr), ("ptr", ab.ptr), ("i32", a.size)]
+    )
+    check("residual_add", dev.get(ab, F32, a.size), a.astype(np.float64) + b)
+
+
+@pytest.mark.parametrize("n", [1000, 151_936])
+def test_argmax_ties_to_lower_id(dev: Device, rng: np.random.Generator, n: int) -> None:
+    logits = rng.standard_normal(n).astype(F32)
+    cases = {"random": logits.copy()}
+    for name, ids in {"same-thread": [5 + 1024 * (n // 2048), 5], "cross-thread": [n - 1, 700, 7]}.items():
+        tied = logits.copy()
+        tied[ids] = 10.0
+        cases[name] = tied
+    nan = logits.copy()
+    nan[::3] = np.nan
+    cases["nan-ignored"] = nan
+    for name, values in cases.items():
+        lb, out = dev.put(values), dev.poisoned(1)
+        dev.launch("argmax", (1, 1, 1), (1024, 1, 1), [("ptr", lb.ptr), ("i32", n), ("ptr", out.ptr)])
+        got = int(dev.get(out, np.int32, 1)[0])
+        expected = ref.argmax(np.where(np.isnan(values), -np.inf, values))
+        record("kernel", f"argmax/{n}/{name}", exact=got == expected)
+        assert got == expected, f"argmax {name}: got {got}, expected {expected}"

@@ -1,0 +1,76 @@
+"""The host's view of the grammar step's memory (control block, published output, error codes, decode attention
+chunking) against the macros of the CUDA sources, and the trie's placement rule. No GPU needed."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from decoder_service.engines.cuda import driver, forward, step
+from tests.decoder_service.engines.cuda.emulator import CUDA_DIR, FakeDriver
+from tests.decoder_service.engines.cuda.synthetic_tries import random_catalog, trie_from_sequences
+
+
+def _macros(name: str) -> dict[str, int]:
+    text = (CUDA_DIR / name).read_text()
+    return {k: int(v) for k, v in re.findall(r"^#define (\w+) (\d+)\b", text, re.M)}
+
+
+def test_control_block_and_output_match_the_kernel_header() -> None:
+    m = _macros("trie_step.cuh")
+    for field, word in step.CTL.items():
+        assert m[f"TT_CTL_{field.upper()}"] == word, field
+    assert m["TT_CTL_WORDS"] == step.CTL_WORDS
+    assert m["TT_K_MAX"] == step.K_MAX
+    assert m["TT_MAX_NAME_TOKENS"] == step.MAX_NAME_TOKENS
+    assert m["TT_OUT_HEADER"] == step.OUT_HEADER
+    assert m["TRIE_HEAD_SLOTS"] == step.HEAD_SLOTS
+    assert (m["TT_OUT_COUNT"], m["TT_OUT_FINISHED"], m["TT_OUT_ERROR"], m["TT_OUT_STEPS"]) == (
+        step.OUT_COUNT,
+        step.OUT_FINISHED,
+        step.OUT_ERROR,
+        step.OUT_STEPS,
+    )
+    codes = {v for k, v in m.items() if k.startswith("TT_ERR_")}
+    assert codes == set(step.ERRORS), "every device error code needs a message on the host"
+
+
+def test_decode_attention_chunk_matches_the_kernel() -> None:
+    assert _macros("attention_decode.cuh")["ATTN_CHUNK"] == forward.ATTN_CHUNK
+
+
+def test_control_init_words() -> None:
+    words = step.ControlInit(position=41, k=3, max_steps=30, trie_ptr=0x1234_5678_9ABC, allowed_ptr=8, n_allowed=2)
+    w = words.words()
+    assert (w[step.CTL["pos"]], w[step.CTL["owed"]], w[step.CTL["maxsteps"]], w[step.CTL["nallowed"]]) == (41, 3, 30, 2)
+    assert w[step.CTL["trie"] : step.CTL["trie"] + 2].view(np.uint64)[0] == 0x1234_5678_9ABC
+    assert w[step.CTL["allowed"] : step.CTL["allowed"] + 2].view(np.uint64)[0] == 8
+    assert (w[step.CTL["spent"] : step.CTL["spent"] + step.K_MAX] == -1).all()
+
+
+@pytest.fixture
+def fake_driver(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
+    fake = FakeDriver()
+    monkeypatch.setattr(driver, "cu", fake)
+    monkeypatch.setattr(driver, "_context", None)
+    return fake
+
+
+def test_trie_placement_follows_the_constant_bank(fake_driver: FakeDriver) -> None:
+    from decoder_service.engines.cuda.driver import Stream
+    from decoder_service.engines.cuda.trie_upload import DeviceTrie
+
+    stream = Stream()
+    small = trie_from_sequences([[100, 101], [100, 102], [103]], 1000, 1, 2)
+    large = random_catalog(np.random.default_rng(0), 3000, 50_000, 1, 2, first_tokens=400, max_len=4)
+    assert small.stats.fits_constant_bank and not large.stats.fits_constant_bank
+    assert DeviceTrie(small, stream).constant and DeviceTrie(small, stream).global_ptr == 0
+    big = DeviceTrie(large, stream)
+    assert not big.constant and big.global_ptr == big.buffer.ptr
+    assert not DeviceTrie(small, stream, "global").constant
+    with pytest.raises(ValueError, match="over the 65536-byte constant bank"):
+        DeviceTrie(large, stream, "constant")
+    with pytest.raises(ValueError, match="accepted: auto, constant, global"):
+        DeviceTrie(small, stream, "shared")  # type: ignore[arg-type]
