@@ -19,11 +19,15 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.gpu_forward import QWEN3_1_7B, graph_ms, synthetic_weights
-from decoder_service.engines.base import PointerEvent, SummaryEvent
-from decoder_service.engines.cuda.driver import cuda_available
-from decoder_service.models.synth import PRESETS
-from tests.decoder_service.engines.cuda.synthetic_tries import random_catalog
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.gpu_forward import QWEN3_1_7B, graph_ms, synthetic_weights  # noqa: E402
+from bench.machine import git_commit  # noqa: E402
+from decoder_service.engines.base import PointerEvent, SummaryEvent  # noqa: E402
+from decoder_service.engines.cuda.driver import cuda_available  # noqa: E402
+from decoder_service.models.synth import PRESETS  # noqa: E402
+from tests.decoder_service.engines.cuda.synthetic_tries import random_catalog  # noqa: E402
 
 SHAPES = {"smollm2-shape": PRESETS["smollm2-shape"], "qwen3-1.7b-shape": QWEN3_1_7B, "tiny-qwen3": PRESETS["tiny"]}
 SEP, STOP = 11, 12
@@ -98,7 +102,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
     (results_dir / "gpu_engine.json").write_text(
         json.dumps(
             {
-                "commit": "COMMIT",
+                "commit": git_commit(),
                 "date": env[0],
                 "device": env[1],
                 "cuda_sources_sha256": sha,
@@ -115,7 +119,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
         "# CUDA engine on the GPU: grammar step, device-resident loop, bit-identity gates",
         "",
         f"- date: {env[0]}",
-        "- commit: COMMIT",
+        f"- commit: {git_commit()}",
         f"- device: {env[1]} (name, driver, memory, max SM clock)",
         f"- toolchain: {env[2]}; {env[4]}",
         f"- cuda/ sources sha256: `{sha}` (`tooltrie.cuda_build.cuda_sources_sha256()`)",

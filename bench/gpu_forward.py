@@ -19,14 +19,18 @@ from pathlib import Path
 
 import numpy as np
 
-from decoder_service.engines.cuda import driver
-from decoder_service.engines.cuda.driver import Event, Stream, call, cuda_available
-from decoder_service.engines.cuda.forward import CudaModel
-from decoder_service.engines.cuda.memory import DeviceBuffer, to_bf16_bits
-from decoder_service.engines.cuda.module import Launch, Module
-from decoder_service.engines.cuda.weights import weight_bytes, weight_shapes
-from decoder_service.models.config import ModelConfig
-from tooltrie.cuda_build import build_cubin, cuda_sources_sha256
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.machine import git_commit  # noqa: E402
+from decoder_service.engines.cuda import driver  # noqa: E402
+from decoder_service.engines.cuda.driver import Event, Stream, call, cuda_available  # noqa: E402
+from decoder_service.engines.cuda.forward import CudaModel  # noqa: E402
+from decoder_service.engines.cuda.memory import DeviceBuffer, to_bf16_bits  # noqa: E402
+from decoder_service.engines.cuda.module import Launch, Module  # noqa: E402
+from decoder_service.engines.cuda.weights import weight_bytes, weight_shapes  # noqa: E402
+from decoder_service.models.config import ModelConfig  # noqa: E402
+from tooltrie.cuda_build import build_cubin, cuda_sources_sha256  # noqa: E402
 
 QWEN3_1_7B = ModelConfig("qwen3", 151936, 2048, 6144, 28, 16, 8, 128, 1e-6, 1e6, 40960, True)
 
@@ -114,7 +118,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     bench = json.loads((run_dir / "bench_gpu_forward.json").read_text())
     combined = {
-        "commit": "COMMIT",
+        "commit": git_commit(),
         "date": env_lines[0],
         "device": env_lines[1],
         "cuda_sources_sha256": sha,
@@ -130,7 +134,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
         "# CUDA engine on the GPU: accuracy and first decode timing",
         "",
         f"- date: {env_lines[0]}",
-        "- commit: COMMIT",
+        f"- commit: {git_commit()}",
         f"- device: {env_lines[1]} (name, driver, memory, max SM clock)",
         f"- toolchain: {env_lines[2]}; {env_lines[4]}",
         f"- cuda/ sources sha256: `{sha}` (`tooltrie.cuda_build.cuda_sources_sha256()`)",

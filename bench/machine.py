@@ -22,12 +22,20 @@ def cpu_model() -> str:
 
 
 def git_commit() -> str:
-    """The short commit, with "-dirty" when tracked files differ from it (the numbers then belong to no commit)."""
+    """The short commit, with "-dirty" when tracked code differs from it (the numbers then belong to no commit).
+
+    Results files are left out of the comparison: a benchmark run rewrites them."""
     try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, check=True)
-        return out.stdout.strip()
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results", ":!results"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    return head.stdout.strip() + ("-dirty" if changed.stdout.strip() else "")
 
 
 def describe() -> dict[str, Any]:
