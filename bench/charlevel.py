@@ -394,7 +394,7 @@ def run_table(args: argparse.Namespace) -> None:
 
 
 def _xgrammar_vocab(tok: Tokenizer) -> list[bytes]:
-    from tests.tooltrie.grammar.test_charlevel_exactness import xgrammar_vocab
+    from tests.support.xgrammar_reference import xgrammar_vocab
 
     return xgrammar_vocab(tok)
 

@@ -12,7 +12,6 @@ the sampled subset below; `python bench/charlevel.py --exactness` sweeps every n
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from tests.support.xgrammar_reference import Reference
 from tooltrie.grammar import GrammarState, Tokenizer
 from tooltrie.grammar.charlevel import compile_charlevel
 from tooltrie.grammar.trie import CompiledTrie
@@ -110,43 +110,6 @@ def tricky_catalog() -> list[str]:
         "007",
     ]
     return sorted(set(base))
-
-
-def xgrammar_vocab(tok: Tokenizer) -> list[bytes]:
-    """Our vocabulary bytes with the special/added tokens emptied (the control-token mapping above)."""
-    vocab = list(tok.token_bytes())
-    for i in tok.special_tokens.values():
-        vocab[i] = b""
-    return vocab
-
-
-@dataclass
-class Reference:
-    """An XGrammar matcher for `root ::= "n1" | "n2" | ...` over `tok`'s vocabulary."""
-
-    names: Sequence[str]
-    tok: Tokenizer
-    stop: int
-    threads: int = 2
-    compile_seconds: float = field(init=False, default=0.0)
-
-    def __post_init__(self) -> None:
-        import time
-
-        info = xgr.TokenizerInfo(
-            xgrammar_vocab(self.tok), xgr.VocabType.RAW, vocab_size=self.tok.vocab_size, stop_token_ids=[self.stop]
-        )
-        ebnf = "root ::= " + " | ".join(json.dumps(n, ensure_ascii=False) for n in self.names)
-        t0 = time.perf_counter()
-        compiled = xgr.GrammarCompiler(info, max_threads=self.threads, cache_enabled=False).compile_grammar(ebnf)
-        self.compile_seconds = time.perf_counter() - t0
-        self.matcher = xgr.GrammarMatcher(compiled)
-        self.bitmask = xgr.allocate_token_bitmask(1, self.tok.vocab_size)
-
-    def mask(self) -> np.ndarray:
-        self.matcher.fill_next_token_bitmask(self.bitmask)
-        bits = np.unpackbits(self.bitmask.numpy().view(np.uint8), bitorder="little")
-        return np.flatnonzero(bits[: self.tok.vocab_size]).astype(np.int32)
 
 
 @dataclass
