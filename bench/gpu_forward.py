@@ -28,8 +28,9 @@ from decoder_service.engines.cuda.driver import Event, Stream, call, cuda_availa
 from decoder_service.engines.cuda.forward import CudaModel  # noqa: E402
 from decoder_service.engines.cuda.memory import DeviceBuffer, to_bf16_bits  # noqa: E402
 from decoder_service.engines.cuda.module import Launch, Module  # noqa: E402
-from decoder_service.engines.cuda.weights import weight_bytes, weight_shapes  # noqa: E402
+from decoder_service.engines.cuda.weights import weight_bytes  # noqa: E402
 from decoder_service.models.config import ModelConfig  # noqa: E402
+from decoder_service.models.weights import expected_shapes  # noqa: E402
 from tooltrie.cuda_build import build_cubin, cuda_sources_sha256  # noqa: E402
 
 QWEN3_1_7B = ModelConfig("qwen3", 151936, 2048, 6144, 28, 16, 8, 128, 1e-6, 1e6, 40960, True)
@@ -53,7 +54,7 @@ def synthetic_weights(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
 
     return {
         name: draw(shape, 0.1, 1.0) if "norm" in name else draw(shape, 0.02, 0.0)
-        for name, shape in weight_shapes(cfg).items()
+        for name, shape in expected_shapes(cfg).items()
     }
 
 

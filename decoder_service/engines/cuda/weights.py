@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 from decoder_service.engines.cuda.driver import Stream
 from decoder_service.engines.cuda.memory import DeviceBuffer, to_bf16_bits
 from decoder_service.models.config import ModelConfig
+from decoder_service.models.weights import expected_shapes
 
 
 @dataclass(slots=True)
@@ -119,46 +121,9 @@ def upload_weights(config: ModelConfig, weights: dict[str, np.ndarray], stream: 
 
 
 def weight_bytes(config: ModelConfig) -> int:
-    """Bytes of bf16 weights one decode step reads (embedding row ignored; the head counted once)."""
-    c = config
-    q_rows, kv_rows = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    d = c.hidden_size
-    per_layer = (q_rows + 2 * kv_rows) * d + d * q_rows + 3 * c.intermediate_size * d + 2 * d
-    per_layer += (2 * c.head_dim if c.qk_norm else 0) + ((q_rows + 2 * kv_rows) if c.qkv_bias else 0)
-    return 2 * (c.num_layers * per_layer + c.hidden_size + c.vocab_size * c.hidden_size)
-
-
-def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Hugging Face name -> shape of every tensor the engine reads (synthetic models are built from this)."""
-    c = config
-    d, hd = c.hidden_size, c.head_dim
-    q_rows, kv_rows = c.num_heads * hd, c.num_kv_heads * hd
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, d), "model.norm.weight": (d,)}
-    if not c.tie_word_embeddings:
-        shapes["lm_head.weight"] = (c.vocab_size, d)
-    for i in range(c.num_layers):
-        p = f"model.layers.{i}."
-        shapes.update(
-            {
-                p + "input_layernorm.weight": (d,),
-                p + "post_attention_layernorm.weight": (d,),
-                p + "self_attn.q_proj.weight": (q_rows, d),
-                p + "self_attn.k_proj.weight": (kv_rows, d),
-                p + "self_attn.v_proj.weight": (kv_rows, d),
-                p + "self_attn.o_proj.weight": (d, q_rows),
-                p + "mlp.gate_proj.weight": (c.intermediate_size, d),
-                p + "mlp.up_proj.weight": (c.intermediate_size, d),
-                p + "mlp.down_proj.weight": (d, c.intermediate_size),
-            }
-        )
-        if c.qkv_bias:
-            shapes.update(
-                {
-                    p + "self_attn.q_proj.bias": (q_rows,),
-                    p + "self_attn.k_proj.bias": (kv_rows,),
-                    p + "self_attn.v_proj.bias": (kv_rows,),
-                }
-            )
-        if c.qk_norm:
-            shapes.update({p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)})
-    return shapes
+    """Bytes of bf16 weights one decode step reads: every tensor once, but of the embedding only a row (ignored)
+    unless it doubles as the tied head."""
+    elements = sum(math.prod(shape) for shape in expected_shapes(config).values())
+    if not config.tie_word_embeddings:
+        elements -= config.vocab_size * config.hidden_size
+    return 2 * elements
