@@ -78,7 +78,9 @@ class SubscriptionSession:
         self.context = context
         self.inbound: queue.Queue[_Inbound] = queue.Queue()
         self.sent: dict[str, int] = {}  # catalog -> version last pushed (or held, as the hello said)
-        self.pending: dict[str, tuple[str, int]] = {}  # nonce -> (catalog, version)
+        self.pending: dict[
+            str, tuple[str, int]
+        ] = {}  # nonce of each update awaiting its ACK/NACK -> (catalog, version)
         self.node_id = ""
 
     def run(self, requests: Iterator[pb.SubscribeRequest]) -> Iterator[pb.SubscribeResponse]:
@@ -150,19 +152,26 @@ class SubscriptionSession:
             self.bus.detach(self.inbound)
 
     def _handle(self, message: pb.SubscribeRequest) -> None:
+        """Records an ACK or NACK against the update its nonce names; the message's own catalog and version are
+        not trusted, and a reply to no pending update (stale, repeated or forged) changes nothing."""
         kind = message.WhichOneof("message")
-        if kind == "ack":
-            ack = message.ack
-            self.pending.pop(ack.nonce, None)
-            self.ledger.applied(self.node_id, ack.catalog, ack.version)
-            log.info("decoder %s ACKed %s v%d", self.node_id, ack.catalog, ack.version)
-        elif kind == "nack":
-            nack = message.nack
-            self.pending.pop(nack.nonce, None)
-            self.ledger.refused(self.node_id, nack.catalog, nack.version, nack.error)
-            log.warning("decoder %s NACKed %s v%d: %s", self.node_id, nack.catalog, nack.version, nack.error)
-        else:
+        if kind not in ("ack", "nack"):
             log.warning("decoder %s sent an unexpected %s message; ignored", self.node_id, kind)
+            return
+        reply = getattr(message, kind)
+        sent = self.pending.pop(reply.nonce, None)
+        if sent is None:
+            log.warning(
+                "decoder %s sent a %s for no pending update (nonce %r); ignored", self.node_id, kind, reply.nonce
+            )
+            return
+        catalog, version = sent
+        if kind == "ack":
+            self.ledger.applied(self.node_id, catalog, version)
+            log.info("decoder %s ACKed %s v%d", self.node_id, catalog, version)
+        else:
+            self.ledger.refused(self.node_id, catalog, version, reply.error)
+            log.warning("decoder %s NACKed %s v%d: %s", self.node_id, catalog, version, reply.error)
 
     def _active_versions(self) -> dict[str, int]:
         with self.db.read_session() as session:

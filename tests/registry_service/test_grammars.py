@@ -130,11 +130,15 @@ def test_subscribe_protocol_by_hand(registry: RunningRegistry, qwen3_blob: pb.To
         assert (update.catalog, update.version) == ("cat", 1)
         trie = CompiledTrie.from_bytes(update.trie, expected_fingerprint=qwen3_blob.fingerprint)
         assert sorted(trie.names) == ["get_user", "get_user_by_id"] == [t.name for t in update.tools]
+        # A reply naming no pending update is ignored (it arrives first, so it is handled before the real ACK).
+        forged = pb.GrammarNack(nonce="forged", catalog="cat", version=99, error="forged")
+        outbox.put(pb.SubscribeRequest(nack=forged))
         outbox.put(pb.SubscribeRequest(ack=pb.GrammarAck(nonce=update.nonce, catalog="cat", version=1)))
         with registry.client() as client:
             wait_until(lambda: [d.applied_version for d in client.status("cat").decoders] == [1], "the ACK")
             (status,) = client.status("cat").decoders
             assert status.node_id == "hand" and status.connected and status.applied_version == 1
+            assert status.nacked_version == 0 and not status.nack_error
             # An activation reaches the subscriber without it asking.
             client.push("cat", mcp_bytes([tool("get_user")]), activate=True)
         update = next(stream).grammar
