@@ -11,6 +11,8 @@
 // alone, so a given matrix is always reduced the same way). Lane l of part p reads 16-byte weight chunks
 // (8 bf16) p*32 + l, then every 32*warps_per_row chunks, accumulating in fp32 in ascending order; each warp
 // folds its lanes with a fixed butterfly, and the parts are added in ascending order. No atomics.
+// A lane's first GEMV_PREFETCH chunks are loaded into registers before the input is staged, so the weight
+// stream is in flight while the block stages (and normalises) its input; that changes no arithmetic.
 // Requires K % 8 == 0 (16-byte rows), checked on the host.
 #pragma once
 #include "common.cuh"
@@ -45,61 +47,116 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
     __syncthreads();
 }
 
-// One row's dot product with the staged input: lane l of part p reads 16-byte chunks p*32 + l, then every
-// 32*warps_per_row chunks, in ascending order; the warp folds its lanes with the fixed butterfly. The dense
-// GEMV and the sparse head both call this, so a row's logit is the same bits under either head.
-__device__ __forceinline__ float gemv_row_dot(const uint4* __restrict__ wrow, const float4* __restrict__ xs4, int K,
-                                              int part, int lane, int warps_per_row) {
-    float acc = 0.0f;
-    const int chunks = K / 8, step = warps_per_row * TT_WARP;
-#pragma unroll 4
-    for (int c = part * TT_WARP + lane; c < chunks; c += step) {
-        const uint4 w = __ldcs(wrow + c);  // weights are read once per step: stream them past L1
-        const float4 xa = xs4[2 * c], xb = xs4[2 * c + 1];
-        float w0, w1, w2, w3, w4, w5, w6, w7;
-        bf16x2_to_float(w.x, w0, w1);
-        bf16x2_to_float(w.y, w2, w3);
-        bf16x2_to_float(w.z, w4, w5);
-        bf16x2_to_float(w.w, w6, w7);
-        acc = fmaf(w0, xa.x, acc);
-        acc = fmaf(w1, xa.y, acc);
-        acc = fmaf(w2, xa.z, acc);
-        acc = fmaf(w3, xa.w, acc);
-        acc = fmaf(w4, xb.x, acc);
-        acc = fmaf(w5, xb.y, acc);
-        acc = fmaf(w6, xb.z, acc);
-        acc = fmaf(w7, xb.w, acc);
+#define GEMV_PREFETCH 8  // 16-byte chunks per lane loaded before the input is staged (a whole 2048-wide row)
+
+// acc += the 8 products of one 16-byte weight chunk with its 8 staged inputs, in ascending order.
+__device__ __forceinline__ float gemv_fma_chunk(float acc, const uint4 w, const float4 xa, const float4 xb) {
+    float w0, w1, w2, w3, w4, w5, w6, w7;
+    bf16x2_to_float(w.x, w0, w1);
+    bf16x2_to_float(w.y, w2, w3);
+    bf16x2_to_float(w.z, w4, w5);
+    bf16x2_to_float(w.w, w6, w7);
+    acc = fmaf(w0, xa.x, acc);
+    acc = fmaf(w1, xa.y, acc);
+    acc = fmaf(w2, xa.z, acc);
+    acc = fmaf(w3, xa.w, acc);
+    acc = fmaf(w4, xb.x, acc);
+    acc = fmaf(w5, xb.y, acc);
+    acc = fmaf(w6, xb.z, acc);
+    acc = fmaf(w7, xb.w, acc);
+    return acc;
+}
+
+// The first GEMV_PREFETCH chunks of a lane's share of a row (chunks p*32 + l + i*32*warps_per_row). Issued
+// before the input is staged so the weight stream's HBM latency overlaps the staging; the values are consumed
+// by gemv_row_dot_from in the same order gemv_row_dot reads them. A lane past the row end loads nothing.
+struct GemvPrefetch {
+    uint4 w[GEMV_PREFETCH];
+};
+
+__device__ __forceinline__ GemvPrefetch gemv_prefetch(const uint4* __restrict__ wrow, int K, int part, int lane,
+                                                      int warps_per_row) {
+    GemvPrefetch pf;
+    const int chunks = K / 8, step = warps_per_row * TT_WARP, first = part * TT_WARP + lane;
+#pragma unroll
+    for (int i = 0; i < GEMV_PREFETCH; ++i) {
+        const int c = first + i * step;
+        pf.w[i] = c < chunks ? __ldcs(wrow + c) : make_uint4(0u, 0u, 0u, 0u);  // weights are read once per step
     }
+    return pf;
+}
+
+// One row's dot product with the staged input: lane l of part p reads 16-byte chunks p*32 + l, then every
+// 32*warps_per_row chunks, in ascending order (the first GEMV_PREFETCH of them from pf); the warp folds its lanes
+// with the fixed butterfly. The arithmetic does not depend on which chunks were prefetched.
+__device__ __forceinline__ float gemv_row_dot_from(const GemvPrefetch& pf, const uint4* __restrict__ wrow,
+                                                   const float4* __restrict__ xs4, int K, int part, int lane,
+                                                   int warps_per_row) {
+    float acc = 0.0f;
+    const int chunks = K / 8, step = warps_per_row * TT_WARP, first = part * TT_WARP + lane;
+#pragma unroll
+    for (int i = 0; i < GEMV_PREFETCH; ++i) {
+        const int c = first + i * step;
+        if (c < chunks) acc = gemv_fma_chunk(acc, pf.w[i], xs4[2 * c], xs4[2 * c + 1]);
+    }
+#pragma unroll 4
+    for (int c = first + GEMV_PREFETCH * step; c < chunks; c += step)
+        acc = gemv_fma_chunk(acc, __ldcs(wrow + c), xs4[2 * c], xs4[2 * c + 1]);
     return warp_sum(acc);
 }
 
+// The same dot product with no prefetch ahead of it. The dense GEMV and the sparse head both reduce a row this
+// way, so a row's logit is the same bits under either head.
+__device__ __forceinline__ float gemv_row_dot(const uint4* __restrict__ wrow, const float4* __restrict__ xs4, int K,
+                                              int part, int lane, int warps_per_row) {
+    const GemvPrefetch pf = gemv_prefetch(wrow, K, part, lane, warps_per_row);
+    return gemv_row_dot_from(pf, wrow, xs4, K, part, lane, warps_per_row);
+}
+
 // Row t of x starts at t * K (t * 2K for GEMV_IN_SWIGLU); norm_w and eps serve GEMV_IN_RMSNORM only.
-// residual may alias y. Grid (ceil(N / (8 / warps_per_row)), n_tokens); dynamic shared memory K * 4 bytes.
+// residual may alias y. A block owns groups of 8 / warps_per_row consecutive rows: group blockIdx.x, then every
+// gridDim.x-th group, so any grid (ncols, n_tokens) with 1 <= ncols <= ceil(N / (8 / warps_per_row)) covers
+// every row once; the grid changes no result (a row's arithmetic never depends on its block). The input is
+// staged once per block, and the next group's weights are loaded while the current group is reduced.
+// Dynamic shared memory K * 4 bytes.
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * TT_WARP)
 gemv_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_t* __restrict__ norm_w, int x_mode,
           float eps, const bf16_t* __restrict__ bias, const float* residual, float* y, int N, int K,
           int warps_per_row) {
     extern __shared__ float4 xs4[];
     __shared__ float scratch[32];
-    __shared__ float parts[GEMV_WARPS];
+    __shared__ float parts[2][GEMV_WARPS];  // alternate halves per group, so one barrier per group suffices
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
     const int part = warp % warps_per_row;
-    const int n = blockIdx.x * (GEMV_WARPS / warps_per_row) + warp / warps_per_row;
+    const int rows = GEMV_WARPS / warps_per_row, groups = (N + rows - 1) / rows;
+    const int slot = warp / warps_per_row;
     const int t = blockIdx.y;
+    // Rows past N (and groups past the last) read nothing: their lanes see K = 0.
+    int g = blockIdx.x, n = g * rows + slot;
+    const uint4* wrow = reinterpret_cast<const uint4*>(W + (size_t)min(n, N - 1) * K);
+    GemvPrefetch pf = gemv_prefetch(wrow, n < N ? K : 0, part, lane, warps_per_row);
     gemv_stage_input(xs4, x + (size_t)t * K * (x_mode == GEMV_IN_SWIGLU ? 2 : 1), norm_w, x_mode, eps, K, scratch);
 
-    float acc = 0.0f;
-    if (n < N) acc = gemv_row_dot(reinterpret_cast<const uint4*>(W + (size_t)n * K), xs4, K, part, lane, warps_per_row);
-    if (warps_per_row > 1) {  // uniform across the block
-        if (lane == 0) parts[warp] = acc;
-        __syncthreads();
-        if (part == 0 && lane == 0)
-            for (int p = 1; p < warps_per_row; ++p) acc += parts[warp + p];  // ascending part order
-    }
-    if (n < N && part == 0 && lane == 0) {
-        if (bias) acc += bf16_to_float(bias[n]);
-        const size_t o = (size_t)t * N + n;
-        if (residual) acc += residual[o];
-        y[o] = acc;
+    for (int it = 0; g < groups; g += gridDim.x, ++it) {
+        const int n_next = (g + gridDim.x) * rows + slot;
+        const uint4* wrow_next = reinterpret_cast<const uint4*>(W + (size_t)min(n_next, N - 1) * K);
+        const GemvPrefetch pf_next = gemv_prefetch(wrow_next, n_next < N ? K : 0, part, lane, warps_per_row);
+        float acc = 0.0f;
+        if (n < N) acc = gemv_row_dot_from(pf, wrow, xs4, K, part, lane, warps_per_row);
+        if (warps_per_row > 1) {  // uniform across the block
+            if (lane == 0) parts[it & 1][warp] = acc;
+            __syncthreads();
+            if (part == 0 && lane == 0)
+                for (int p = 1; p < warps_per_row; ++p) acc += parts[it & 1][warp + p];  // ascending part order
+        }
+        if (n < N && part == 0 && lane == 0) {
+            if (bias) acc += bf16_to_float(bias[n]);
+            const size_t o = (size_t)t * N + n;
+            if (residual) acc += residual[o];
+            y[o] = acc;
+        }
+        pf = pf_next;
+        wrow = wrow_next;
+        n = n_next;
     }
 }

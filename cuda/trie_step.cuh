@@ -186,13 +186,15 @@ sparse_head(const bf16_t* __restrict__ W, const float* __restrict__ x, const int
     __shared__ float parts[TRIE_THREADS / TT_WARP];
     const int slot = blockIdx.x;
     if (ctl[TT_CTL_DONE] || ctl[TT_CTL_ERROR] || slot >= ctl[TT_CTL_NCAND]) return;  // uniform per block
+    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
+    // Start streaming the row before staging the input (warps outside the row's parts load nothing).
+    const uint4* wrow = reinterpret_cast<const uint4*>(W + (size_t)cand[slot] * K);
+    const GemvPrefetch pf = gemv_prefetch(wrow, warp < warps_per_row ? K : 0, warp, lane, warps_per_row);
     const float4* x4 = reinterpret_cast<const float4*>(x);
     for (int e = threadIdx.x; e < K / 4; e += blockDim.x) hs4[e] = x4[e];
     __syncthreads();
-    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
     if (warp >= warps_per_row) return;
-    const int row = cand[slot];
-    float acc = gemv_row_dot(reinterpret_cast<const uint4*>(W + (size_t)row * K), hs4, K, warp, lane, warps_per_row);
+    float acc = gemv_row_dot_from(pf, wrow, hs4, K, warp, lane, warps_per_row);
     if (warps_per_row > 1) {
         if (lane == 0) parts[warp] = acc;
         __syncwarp();

@@ -21,6 +21,9 @@ from decoder_service.models.config import ModelConfig
 F32 = 4
 THREADS = 256
 GEMV_WARPS = 8  # warps per GEMV block (cuda/gemv.cuh)
+# GEMV blocks stream row groups (cuda/gemv.cuh): two resident 256-thread blocks (100 registers a thread) on each
+# of an H200's 132 SMs. The grid changes no result, only how the rows are spread over the SMs.
+GEMV_MAX_BLOCKS = 2 * 132
 GEMV_SPLIT_MIN_K = 4096  # rows at least this long are shared by two warps (faster for the MLP down GEMV)
 GEMM_TILE = 64  # GEMM_BM == GEMM_BN in cuda/gemm.cuh
 ATTN_THREADS = 256
@@ -372,7 +375,7 @@ class CudaModel:
     ) -> Launch:
         """y[n_out] = in(x) @ W.T (+ bias) (+ residual) for one token; ``x_mode`` picks the input transform."""
         split = gemv_warps_per_row(n_out, k_in)
-        grid = (-(-n_out // (GEMV_WARPS // split)), 1, 1)
+        grid = (min(-(-n_out // (GEMV_WARPS // split)), GEMV_MAX_BLOCKS), 1, 1)
         return Launch(
             self.module.kernel("gemv_bf16"),
             grid,

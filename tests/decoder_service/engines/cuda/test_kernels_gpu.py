@@ -211,6 +211,48 @@ def test_gemv_fused_rmsnorm_equals_rmsnorm_kernel(dev: Device, rng: np.random.Ge
     assert same
 
 
+@pytest.mark.parametrize(
+    ("n_out", "k_in", "x_mode", "split"), [(1001, 2048, 1, 1), (300, 6144, 2, 2), (77, 1024, 0, 4)]
+)
+def test_gemv_grid_changes_no_bits(
+    dev: Device, rng: np.random.Generator, n_out: int, k_in: int, x_mode: int, split: int
+) -> None:
+    """Blocks stride over row groups: a grid of a few blocks must give the bits of one block per group."""
+    wbits, _ = bf16_random(rng, (n_out, k_in), 0.05)
+    bbits, _ = bf16_random(rng, n_out, 0.5)
+    nbits, _ = bf16_random(rng, k_in, 0.2, 1.0)
+    x = (2.0 * rng.standard_normal(2 * k_in if x_mode == 2 else k_in)).astype(F32)
+    r = rng.standard_normal(n_out).astype(F32)
+    wb, xb, nb, bb = dev.put(wbits), dev.put(x), dev.put(nbits), dev.put(bbits)
+    groups = -(-n_out // (8 // split))
+    outs = []
+    for cols in (groups, 3, 1):
+        y = dev.put(r)  # in place over the residual, as the engine does
+        dev.launch(
+            "gemv_bf16",
+            (cols, 1, 1),
+            (256, 1, 1),
+            [
+                ("ptr", wb.ptr),
+                ("ptr", xb.ptr),
+                ("ptr", nb.ptr if x_mode == 1 else 0),
+                ("i32", x_mode),
+                ("f32", 1e-5),
+                ("ptr", bb.ptr),
+                ("ptr", y.ptr),
+                ("ptr", y.ptr),
+                ("i32", n_out),
+                ("i32", k_in),
+                ("i32", split),
+            ],
+            shared=4 * k_in,
+        )
+        outs.append(dev.get(y, F32, n_out))
+    same = all(np.array_equal(outs[0], o) for o in outs[1:])
+    record("kernel", f"gemv/grid-independent/{n_out}x{k_in}/split{split}", exact=same)
+    assert same
+
+
 @pytest.mark.parametrize(("m", "n_out", "k_in"), [(70, 130, 200), (200, 2048, 576), (2, 33, 64)])
 def test_gemm(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_in: int) -> None:
     wbits, w = bf16_random(rng, (n_out, k_in), 0.05)
