@@ -5,10 +5,15 @@ PYTHON ?= python3
 VENV ?= .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: up test install lint protos
+.PHONY: up test install lint protos cubin
 
-up: $(STAMP)
+up: $(STAMP) cubin
 	$(VENV)/bin/tooltrie up
+
+# The CUDA engine loads cuda/build/tooltrie.cubin; built when nvcc is here (engine auto uses it with a GPU).
+cubin: $(STAMP)
+	@if command -v nvcc >/dev/null; then $(VENV)/bin/tooltrie cuda build --out cuda/build >/dev/null; \
+	else echo "nvcc not found: no cubin; the decoder uses the CPU engine"; fi
 
 test: $(STAMP)
 	$(VENV)/bin/pytest
