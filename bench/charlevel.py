@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import machine  # noqa: E402
-from bench.compile import hex_names, synthetic_names  # noqa: E402
+from bench.compile import hex_names, synthetic_names, walk_costs  # noqa: E402
 from tooltrie.grammar import GrammarState, load_tokenizer  # noqa: E402
 from tooltrie.grammar.charlevel import compile_charlevel  # noqa: E402
 from tooltrie.grammar.charlevel_vocab import MatcherCache  # noqa: E402
@@ -59,24 +59,6 @@ def word_names(k: int, tok: Tokenizer, seed: int = 0) -> list[str]:
     while len(names) < k:
         names.add(f"{rng.choice(words)}_{rng.choice(words)}")
     return sorted(names)
-
-
-def k16_walks(trie, walks: int, seed: int) -> np.ndarray:
-    """Per-step cost of random k = min(16, K) walks (no-repeat pruning at work), in us."""
-    rng, times, k = random.Random(seed), [], min(16, trie.n_pointers)
-    gc.collect()
-    gc.disable()
-    try:
-        for _ in range(walks):
-            state = GrammarState(trie, k)
-            while not state.done:
-                t0 = time.perf_counter_ns()
-                legal = state.legal_tokens()
-                times.append(time.perf_counter_ns() - t0)
-                state.advance(int(legal[rng.randrange(len(legal))]))
-    finally:
-        gc.enable()
-    return np.asarray(times, dtype=np.float64) / 1e3
 
 
 def median_ms(fn, repeats: int) -> tuple[float, object]:
@@ -171,8 +153,8 @@ def ours(names: list[str], tok: Tokenizer, cache: MatcherCache) -> tuple[dict, o
     timed_walks(seqs, start, mask, advance)  # warm-up: per-node arrays built
     steady, roots = timed_walks(seqs, start, mask, advance)
     sets = mask_sets(seqs, start, lambda st: st.legal_tokens(), advance)
-    k16_walks(trie, 100, seed=2)  # warm-up
-    k16 = k16_walks(trie, 100, seed=3)
+    walk_costs(trie, 100, seed=2)  # warm-up
+    k16 = walk_costs(trie, 100, seed=3)
     stats = trie.stats
     root_valid = int(np.sum(trie.edge_child[trie.edges_of(0)] < trie.n_nodes))
     row = {

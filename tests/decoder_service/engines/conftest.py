@@ -50,8 +50,8 @@ def make_tiny_engine(engine_name: str, tiny_model) -> Callable[..., Engine]:
     return make
 
 
-@pytest.fixture(scope="session")
-def tiny_catalog(tiny_dir: Path) -> PreparedCatalog:
+def prepare_tiny_catalog(tiny_dir: Path) -> PreparedCatalog:
+    """TOOLS prepared for the tiny model (also called by the GPU module, which runs without conftest fixtures)."""
     return prepare_catalog(
         TOOLS,
         model_tokenizer(tiny_dir),
@@ -60,3 +60,8 @@ def tiny_catalog(tiny_dir: Path) -> PreparedCatalog:
         catalog_id="test-tools",
         version=3,
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_catalog(tiny_dir: Path) -> PreparedCatalog:
+    return prepare_tiny_catalog(tiny_dir)

@@ -249,18 +249,9 @@ def tiny_model(tiny_dir: Path):
 
 @pytest.fixture(scope="module")
 def tiny_catalog(tiny_dir: Path):
-    from decoder_service.engines.prompt import prepare_catalog
-    from decoder_service.models.tokenizer_source import chat_template, model_tokenizer
-    from tests.decoder_service.engines.conftest import TOOLS
+    from tests.decoder_service.engines.conftest import prepare_tiny_catalog
 
-    return prepare_catalog(
-        TOOLS,
-        model_tokenizer(tiny_dir),
-        chat_template(tiny_dir),
-        context_length=4096,
-        catalog_id="test-tools",
-        version=3,
-    )
+    return prepare_tiny_catalog(tiny_dir)
 
 
 @pytest.fixture
