@@ -12,6 +12,7 @@ __device__ __forceinline__ bool argmax_better(float v, int i, float bv, int bi) 
 
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax(const float* __restrict__ logits, int n, int* __restrict__ out_token) {
+    pdl_enter();
     __shared__ float vals[ARGMAX_THREADS];
     __shared__ int ids[ARGMAX_THREADS];
     float best = -INFINITY;

@@ -17,6 +17,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
 attention(const float* __restrict__ qkv, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
           float* __restrict__ out, const int* pos_ptr, int pos_host, int n_heads, int n_kv_heads, int head_dim,
           float scale) {
+    pdl_enter();
     extern __shared__ float scores[];
     __shared__ __align__(16) float q[256];
     __shared__ __align__(16) float vtile[ATTN_TILE_FLOATS];

@@ -24,6 +24,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS)
 attention_split(const float* __restrict__ qkv, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
                 float* __restrict__ partial, const int* pos_ptr, int pos_host, int n_heads, int n_kv_heads,
                 int head_dim, float scale, int max_chunks) {
+    pdl_enter();
     __shared__ __align__(16) float q[256];
     __shared__ float p[ATTN_CHUNK];
     __shared__ float red[ATTN_SPLIT_THREADS];
@@ -114,6 +115,7 @@ attention_split(const float* __restrict__ qkv, const float* __restrict__ k_cache
 // grid (n_heads); block max(32, head_dim). out[h * head_dim + d] = merged attention output.
 extern "C" __global__ void attention_combine(const float* __restrict__ partial, float* __restrict__ out,
                                              const int* pos_ptr, int pos_host, int head_dim, int max_chunks) {
+    pdl_enter();
     const int h = blockIdx.x, d = threadIdx.x;
     if (d >= head_dim) return;
     const int length = host_or_device(pos_ptr, pos_host) + 1;

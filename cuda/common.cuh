@@ -6,6 +6,31 @@ typedef uint16_t bf16_t;  // raw bfloat16 bits; weights are stored this way on t
 
 #define TT_WARP 32
 
+// Programmatic dependent launch (sm_90). The host launches decode kernels with programmatic stream
+// serialization, so a kernel's blocks may start while the kernel before it still runs (the launch latency and
+// the predecessor's tail overlap). pdl_wait() returns once every earlier kernel has finished and its writes
+// are visible: a kernel calls it before it reads anything a kernel writes or writes anything a kernel reads.
+// Only reads of data no kernel writes (weights) may come before it. pdl_launch_dependents() lets the next
+// kernel start launching. Both are no-ops for a kernel launched without the attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// The start of every kernel that reads or writes activations: let the next kernel launch, then wait for
+// the previous ones.
+__device__ __forceinline__ void pdl_enter() {
+    pdl_launch_dependents();
+    pdl_wait();
+}
+
 // bf16 -> fp32 is exact: the 16 bits are the top half of an fp32.
 __device__ __forceinline__ float bf16_to_float(bf16_t v) { return __uint_as_float(((uint32_t)v) << 16); }
 

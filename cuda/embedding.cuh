@@ -6,6 +6,7 @@
 // An id outside [0, vocab) fills its row with NaN so the error cannot pass as a plausible answer.
 extern "C" __global__ void embed_gather(const bf16_t* __restrict__ table, const int* __restrict__ tokens,
                                         int token_host, float* __restrict__ out, int hidden, int vocab) {
+    pdl_enter();
     const int t = blockIdx.x;
     const int tok = tokens ? tokens[t] : token_host;
     float* row = out + (size_t)t * hidden;

@@ -12,6 +12,7 @@
 extern "C" __global__ void __launch_bounds__(256)
 gemm_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
           const float* residual, float* C, int M, int N, int K) {
+    pdl_enter();
     // Stored k-major so the inner loop reads a row of 4 consecutive m (or n) values per thread.
     __shared__ float As[GEMM_BK][GEMM_BM + 4];
     __shared__ float Ws[GEMM_BK][GEMM_BN + 4];

@@ -12,7 +12,8 @@
 // (8 bf16) p*32 + l, then every 32*warps_per_row chunks, accumulating in fp32 in ascending order; each warp
 // folds its lanes with a fixed butterfly, and the parts are added in ascending order. No atomics.
 // A lane's first GEMV_PREFETCH chunks are loaded into registers before the input is staged, so the weight
-// stream is in flight while the block stages (and normalises) its input; that changes no arithmetic.
+// stream is in flight while the block stages (and normalises) its input, and, under a programmatic dependent
+// launch, while the kernel before it finishes; that changes no arithmetic.
 // Requires K % 8 == 0 (16-byte rows), checked on the host.
 #pragma once
 #include "common.cuh"
@@ -135,6 +136,7 @@ gemv_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_
     int g = blockIdx.x, n = g * rows + slot;
     const uint4* wrow = reinterpret_cast<const uint4*>(W + (size_t)min(n, N - 1) * K);
     GemvPrefetch pf = gemv_prefetch(wrow, n < N ? K : 0, part, lane, warps_per_row);
+    pdl_enter();  // only weights were read so far; the input may still be in the making
     gemv_stage_input(xs4, x + (size_t)t * K * (x_mode == GEMV_IN_SWIGLU ? 2 : 1), norm_w, x_mode, eps, K, scratch);
 
     for (int it = 0; g < groups; g += gridDim.x, ++it) {

@@ -25,6 +25,7 @@ __device__ __forceinline__ float rms_inverse(float sum_of_squares, int n, float 
 
 extern "C" __global__ void rmsnorm(const float* __restrict__ x, const bf16_t* __restrict__ w, float* __restrict__ out,
                                    int n, float eps) {
+    pdl_enter();
     __shared__ float scratch[32];
     const float* xr = x + (size_t)blockIdx.x * n;
     float* outr = out + (size_t)blockIdx.x * n;

@@ -11,6 +11,7 @@ extern "C" __global__ void qk_norm_rope_cache(float* __restrict__ qkv, const bf1
                                               const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache,
                                               float* __restrict__ v_cache, const int* pos_ptr, int pos_host,
                                               int n_heads, int n_kv_heads, int head_dim, float theta, float eps) {
+    pdl_enter();
     __shared__ float head[256];
     __shared__ float scratch[32];
     const int t = blockIdx.x, h = blockIdx.y, d = threadIdx.x;

@@ -170,6 +170,7 @@ __device__ void trie_mask_body(const R& t, int* ctl, int* cand, int cand_cap) {
 
 // cand holds cand_cap tokens then cand_cap edge ids. A finished or failed sequence is left untouched.
 extern "C" __global__ void __launch_bounds__(TRIE_THREADS) trie_mask(int* ctl, int* cand, int cand_cap) {
+    pdl_enter();
     if (ctl[TT_CTL_DONE] || ctl[TT_CTL_ERROR]) return;
     const int* g = ctl_ptr(ctl, TT_CTL_TRIE);
     if (g) trie_mask_body(GlobalTrie{g}, ctl, cand, cand_cap);
@@ -182,6 +183,7 @@ extern "C" __global__ void __launch_bounds__(TRIE_THREADS) trie_mask(int* ctl, i
 extern "C" __global__ void __launch_bounds__(TRIE_THREADS)
 sparse_head(const bf16_t* __restrict__ W, const float* __restrict__ x, const int* __restrict__ ctl,
             const int* __restrict__ cand, float* __restrict__ cand_logit, int K, int warps_per_row) {
+    pdl_enter();
     extern __shared__ float4 hs4[];
     __shared__ float parts[TRIE_THREADS / TT_WARP];
     const int slot = blockIdx.x;
@@ -269,6 +271,7 @@ __device__ __forceinline__ bool step_better(float v, int j, float bv, int bj) {
 extern "C" __global__ void __launch_bounds__(TRIE_THREADS)
 trie_step(int* ctl, const int* __restrict__ cand, int cand_cap, const float* __restrict__ logits, int dense,
           int* trace, int* out, unsigned long long cond) {
+    pdl_enter();
     __shared__ float vals[TRIE_THREADS];
     __shared__ int ids[TRIE_THREADS];
     __shared__ float scratch[32];

@@ -47,13 +47,14 @@ def cubin_path() -> Path | None:
     return path if path.is_file() else None
 
 
-def load_module() -> Module:
+def load_module(pdl: bool | None = None) -> Module:
+    """The cubin as a module; ``pdl`` as in ``Module`` (None: where the device has it)."""
     path = cubin_path()
     if path is None:
         raise FileNotFoundError(
             f"no cubin at ${CUBIN_ENV} or {DEFAULT_CUBIN}; build it with `tooltrie cuda build` (needs nvcc)"
         )
-    return Module(path)
+    return Module(path, pdl=pdl)
 
 
 class _Cancelled(Exception):

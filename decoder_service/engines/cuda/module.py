@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,13 @@ _CTYPES = {"ptr": ctypes.c_uint64, "u64": ctypes.c_uint64, "i32": ctypes.c_int32
 
 
 class Kernel:
-    """One ``extern "C" __global__`` function of the module."""
+    """One ``extern "C" __global__`` function of the module. ``pdl``: launch it with programmatic stream
+    serialization (see ``Module``)."""
 
-    def __init__(self, name: str, handle: Any) -> None:
+    def __init__(self, name: str, handle: Any, pdl: bool = False) -> None:
         self.name = name
         self.handle = handle
+        self.pdl = pdl
 
     def set_max_dynamic_shared(self, nbytes: int) -> None:
         """Allow more than the default 48 KiB of dynamic shared memory per block."""
@@ -56,29 +59,68 @@ class Launch:
             raise ValueError(f"{kernel.name}: argument kind {exc} is not one of {sorted(_CTYPES)}") from exc
         self._pointers = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.addressof(v) for v in self._values])
         self._params = ctypes.addressof(self._pointers)
+        self._config: Any = None  # cuLaunchKernelEx's configuration, built on the first programmatic launch
+        self._config_stream: Any = None
 
     def set(self, index: int, value: int | float) -> None:
         self._values[index].value = value
 
     def __call__(self, stream: Stream) -> None:
+        if self.kernel.pdl:
+            err = driver.cu.cuLaunchKernelEx(self._launch_config(stream), self.kernel.handle, self._params, 0)
+            driver.check(err, f"cuLaunchKernelEx({self.kernel.name})")
+            return
         err = driver.cu.cuLaunchKernel(
             self.kernel.handle, *self.grid, *self.block, self.shared_bytes, stream.handle, self._params, 0
         )
         driver.check(err, f"cuLaunchKernel({self.kernel.name})")
 
+    def _launch_config(self, stream: Stream) -> Any:
+        """The launch shape plus the programmatic-stream-serialization attribute, kept while the stream is."""
+        if self._config is None or self._config_stream is not stream.handle:
+            cu = driver.cu
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            config = cu.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = self.grid
+            config.blockDimX, config.blockDimY, config.blockDimZ = self.block
+            config.sharedMemBytes = self.shared_bytes
+            config.hStream = stream.handle
+            config.attrs = [attr]
+            config.numAttrs = 1
+            self._config, self._config_stream = config, stream.handle
+        return self._config
+
+
+def pdl_default() -> bool:
+    """Programmatic dependent launch where the device has it (compute capability 9.0 and later), unless
+    ``TOOLTRIE_CUDA_PDL=0`` turns it off (to measure it, or to rule it out)."""
+    if os.environ.get("TOOLTRIE_CUDA_PDL", "1") == "0":
+        return False
+    return driver.compute_capability()[0] >= 9
+
 
 class Module:
-    """A loaded cubin; kernels are looked up once and cached."""
+    """A loaded cubin; kernels are looked up once and cached.
 
-    def __init__(self, cubin: Path | str | bytes) -> None:
+    ``pdl`` (default: ``pdl_default()``): every kernel is launched with programmatic stream serialization, so
+    it may start before the kernel ahead of it on the stream has finished; each kernel waits for its
+    predecessors itself before touching activations (``pdl_wait`` in cuda/common.cuh), so results are the same
+    bits either way. Stream capture keeps the relation as programmatic graph edges.
+    """
+
+    def __init__(self, cubin: Path | str | bytes, pdl: bool | None = None) -> None:
         driver.init()
         image = cubin if isinstance(cubin, bytes) else Path(cubin).read_bytes()
         self.handle = call("cuModuleLoadData", image)
+        self.pdl = pdl_default() if pdl is None else pdl
         self._kernels: dict[str, Kernel] = {}
 
     def kernel(self, name: str) -> Kernel:
         if name not in self._kernels:
-            self._kernels[name] = Kernel(name, call("cuModuleGetFunction", self.handle, name.encode()))
+            handle = call("cuModuleGetFunction", self.handle, name.encode())
+            self._kernels[name] = Kernel(name, handle, pdl=self.pdl)
         return self._kernels[name]
 
     def get_global(self, name: str) -> tuple[int, int]:

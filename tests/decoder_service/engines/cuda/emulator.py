@@ -56,6 +56,7 @@ class FakeDriver:
         self.top = 0
         self.sigs = kernel_signatures()
         self.launches: list[str] = []
+        self.programmatic_launches = 0
 
     # -- memory ---------------------------------------------------------------------------------------
     def view(self, ptr: int, dtype: type, count: int) -> np.ndarray:
@@ -196,6 +197,28 @@ class FakeDriver:
             return (0,)
         self._run(f, args, (gx, gy, gz), (bx, by, bz), shared)
         return (0,)
+
+    # Programmatic dependent launches: the emulator runs kernels one after another, which is what the kernels'
+    # own waits make of them on the GPU, so the attribute is checked and otherwise ignored.
+    CUlaunchAttributeID = SimpleNamespace(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION=6)
+
+    class CUlaunchAttribute:
+        def __init__(self) -> None:
+            self.id = None
+            self.value = SimpleNamespace(programmaticStreamSerializationAllowed=0)
+
+    class CUlaunchConfig:
+        pass
+
+    def cuLaunchKernelEx(self, config: Any, f: str, params: int, extra: int) -> tuple:
+        assert [(a.id, a.value.programmaticStreamSerializationAllowed) for a in config.attrs] == [(6, 1)]
+        assert config.numAttrs == 1
+        self.programmatic_launches += 1
+        grid, block = (
+            (config.gridDimX, config.gridDimY, config.gridDimZ),
+            (config.blockDimX, config.blockDimY, config.blockDimZ),
+        )
+        return self.cuLaunchKernel(f, *grid, *block, config.sharedMemBytes, config.hStream, params, extra)
 
     def _run(self, f: str, args: dict, grid: tuple, block: tuple, shared: int) -> None:
         self.launches.append(f)

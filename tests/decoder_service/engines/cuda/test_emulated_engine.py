@@ -85,3 +85,27 @@ def test_cancelled_request_stops_and_the_next_one_is_unaffected(fake_driver, tin
     again = list(engine.decode(request))
     as_tuples = lambda es: [(e.name, e.token_ids, e.score) for e in es if isinstance(e, PointerEvent)]  # noqa: E731
     assert as_tuples(again) == as_tuples(full)
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_programmatic_launches_follow_the_module_setting(fake_driver, tiny_model, tiny_catalog, pdl: bool) -> None:
+    from decoder_service.engines.base import DecodeRequest, PointerEvent
+    from decoder_service.engines.cuda.engine import CudaEngine
+    from decoder_service.engines.cuda.module import Module
+
+    engine = CudaEngine(*tiny_model, loop="host", module=Module(b"cubin", pdl=pdl), max_context=512)
+    events = list(engine.decode(DecodeRequest("Read the config file", 3, tiny_catalog)))
+    assert len([e for e in events if isinstance(e, PointerEvent)]) == 3
+    launched = len(fake_driver.launches)
+    assert launched > 0
+    assert fake_driver.programmatic_launches == (launched if pdl else 0)
+
+
+def test_programmatic_launch_default_follows_the_device_and_the_switch(
+    fake_driver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from decoder_service.engines.cuda.module import pdl_default
+
+    assert pdl_default()  # the stand-in reports compute capability 9.0
+    monkeypatch.setenv("TOOLTRIE_CUDA_PDL", "0")
+    assert not pdl_default()

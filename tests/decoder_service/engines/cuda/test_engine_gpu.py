@@ -5,6 +5,7 @@ Gates (every token and every logit bit of the answer compared through the step t
   1 graph loop == host loop          2 sparse head == dense head        3 constant trie == global trie
   4 repeated runs identical          5 canary grammar, then the product grammar re-bound: identical to before
   6 graph replays across a grammar switch use the new trie                7 an empty-mask grammar fails loudly
+  8 programmatic dependent launches (the default on sm_90) == plain launches
 Models are synthetic (fixed seeds, generated here); catalogs are explicit token sequences.
 """
 
@@ -55,14 +56,21 @@ def qwen3_tiny() -> tuple[ModelConfig, dict[str, np.ndarray]]:
 
 @pytest.fixture(scope="module")
 def engines(qwen3_tiny) -> Iterator[Callable[..., Engine]]:
-    from decoder_service.engines.cuda.engine import CudaEngine
+    from decoder_service.engines.cuda.engine import CudaEngine, load_module
 
     made: dict[tuple, CudaEngine] = {}
 
-    def get(head: str = "sparse", loop: str = "graph", placement: str = "auto") -> CudaEngine:
-        key = (head, loop, placement)
+    def get(head: str = "sparse", loop: str = "graph", placement: str = "auto", pdl: bool | None = None) -> CudaEngine:
+        key = (head, loop, placement, pdl)
         if key not in made:
-            made[key] = CudaEngine(*qwen3_tiny, head=head, loop=loop, trie_placement=placement, max_context=512)
+            made[key] = CudaEngine(
+                *qwen3_tiny,
+                head=head,
+                loop=loop,
+                trie_placement=placement,
+                max_context=512,
+                module=load_module(pdl=pdl),
+            )
         return made[key]
 
     yield get
@@ -163,6 +171,19 @@ def test_gate7_empty_mask_fails_loudly(engines) -> None:
         with pytest.raises(DecodeError, match="empty mask"):
             list(engines("sparse", loop).decode_ids(empty_mask_trie(SEP, STOP), 1, PREFIX, [500, 501]))
     record("gate", "7 empty mask fails loudly", identical=True)
+
+
+def test_gate8_programmatic_launch_equals_plain_launch(engines, product_trie, reference_answers) -> None:
+    from decoder_service.engines.cuda.module import pdl_default
+
+    intents = _intents(N_GATE_INTENTS, PRESETS["tiny"].vocab_size, 11)
+    plain = _answers(engines("sparse", "graph", pdl=False), product_trie, intents)
+    assert not engines("sparse", "graph", pdl=False).module.pdl
+    _gate(
+        "8 programmatic dependent launch == plain launch",
+        _same(plain, reference_answers),
+        reference="PDL on" if pdl_default() else "PDL off (device or TOOLTRIE_CUDA_PDL=0)",
+    )
 
 
 def test_wide_node_uses_dense_head(engines) -> None:
