@@ -5,7 +5,7 @@
 //   attention_split  per (head, chunk): scores with one warp per position (lanes own fixed float4 slices,
 //                    butterfly sum; a warp's 8 rows are loaded before any is used), the chunk's max m and sum l
 //                    of exp(s - m) by the fixed block trees, and acc[d] = sum_j p_j v[j, d] over V staged in
-//                    shared memory, positions dealt round-robin to thread groups, the groups added in ascending
+//                    shared memory (its loads issued with the K loads), positions dealt round-robin to thread groups, the groups added in ascending
 //                    order. Writes (m, l, acc[0..head_dim)) per chunk.
 //   attention_combine per head: merges the chunks in ascending order (m = max m_c, weights exp(m_c - m)).
 // The position comes from device memory (graph replays) or from the host (pos_ptr null).
@@ -17,6 +17,23 @@
 #define ATTN_SPLIT_WARPS (ATTN_SPLIT_THREADS / TT_WARP)
 #define ATTN_ROWS_PER_WARP (ATTN_CHUNK / ATTN_SPLIT_WARPS)
 #define ATTN_SPLIT_TILE_FLOATS 8192  // 32 KiB of V: a whole chunk at head_dim <= 128, half a chunk at 256
+
+#define ATTN_V_PER_THREAD (ATTN_SPLIT_TILE_FLOATS / 4 / ATTN_SPLIT_THREADS)  // float4 of a V tile per thread
+
+// Loads one V tile (rows j0 .. j0 + trows - 1 of kv head kvh) into registers: thread t holds float4 chunks
+// t + u * ATTN_SPLIT_THREADS of the tile, every load issued before any is used.
+__device__ __forceinline__ void attn_load_v_tile(float4 (&v)[ATTN_V_PER_THREAD], const float* __restrict__ v_cache,
+                                                 int j0, int trows, int kv_stride, int kvh, int head_dim) {
+    const int hd4 = head_dim / 4;
+#pragma unroll
+    for (int u = 0; u < ATTN_V_PER_THREAD; ++u) {
+        const int e4 = threadIdx.x + u * ATTN_SPLIT_THREADS;
+        if (e4 < trows * hd4) {
+            const int r = e4 / hd4, col = e4 % hd4;
+            v[u] = reinterpret_cast<const float4*>(v_cache + (size_t)(j0 + r) * kv_stride + kvh * head_dim)[col];
+        }
+    }
+}
 
 // grid (n_heads, any number of blocks); block ATTN_SPLIT_THREADS; partial holds n_heads * max_chunks records
 // of head_dim + 2 floats.
@@ -46,6 +63,9 @@ attention_split(const float* __restrict__ qkv, const float* __restrict__ k_cache
 
     for (int c = blockIdx.y; c < n_chunks; c += gridDim.y) {  // uniform across the block
         const int j0 = c * ATTN_CHUNK, rows = min(ATTN_CHUNK, length - j0);
+        // The first V tile is loaded into registers together with the K rows, so both HBM round trips overlap.
+        float4 vreg[ATTN_V_PER_THREAD];
+        attn_load_v_tile(vreg, v_cache, j0, min(tile_rows, rows), kv_stride, kvh, head_dim);
         // Scores: warp w owns rows w, w + 8, ...; every row's loads are issued before the first use.
         float s[ATTN_ROWS_PER_WARP];
 #pragma unroll
@@ -86,10 +106,11 @@ attention_split(const float* __restrict__ qkv, const float* __restrict__ k_cache
         float acc = 0.0f;
         for (int t0 = 0; t0 < rows; t0 += tile_rows) {
             const int trows = min(tile_rows, rows - t0);
-            for (int e4 = threadIdx.x; e4 < trows * hd4; e4 += blockDim.x) {
-                const int r = e4 / hd4, col = e4 % hd4;
-                vt4[e4] = reinterpret_cast<const float4*>(v_cache + (size_t)(j0 + t0 + r) * kv_stride +
-                                                          kvh * head_dim)[col];
+            if (t0 > 0) attn_load_v_tile(vreg, v_cache, j0 + t0, trows, kv_stride, kvh, head_dim);
+#pragma unroll
+            for (int u = 0; u < ATTN_V_PER_THREAD; ++u) {
+                const int e4 = threadIdx.x + u * ATTN_SPLIT_THREADS;
+                if (e4 < trows * hd4) vt4[e4] = vreg[u];
             }
             __syncthreads();
             if (g < groups)
