@@ -9,12 +9,14 @@
 #   metrics.jsonl        measured errors per kernel and model, gate results, CPU parity, one JSON object a line
 #   bench_gpu_decode.json, bench_gpu_forward.json, bench.log   constrained and unconstrained decode timings
 #   e2e.log              `tooltrie up --once --engine cuda` on a tiny synthetic Qwen3: registry, decoder, decodes
-# STAGES (default "engine kernels bench e2e") picks what runs: engine = tests/.../test_engine_gpu.py,
-# kernels = the other CUDA tests, bench = both benchmarks, e2e = the whole product on the CUDA engine.
+#   bench_gpu_side_by_side.json, side_by_side.log   real tokenizer and catalogs, beside transformers and the floor
+# STAGES (default "engine kernels bench side e2e") picks what runs: engine = tests/.../test_engine_gpu.py,
+# kernels = the other CUDA tests, bench = the decode and forward benchmarks, side = the side-by-side benchmark
+# (transformers eager and compiled on the same weights), e2e = the whole product on the CUDA engine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-results/gpu-run}"
-STAGES="${STAGES:-engine kernels bench e2e}"
+STAGES="${STAGES:-engine kernels bench side e2e}"
 mkdir -p "$OUT"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 [ -d build/gpu_site ] && export PYTHONPATH="$PYTHONPATH:$PWD/build/gpu_site"
@@ -51,6 +53,10 @@ case " $STAGES " in *" bench "*)
   "$PY" bench/gpu_decode.py --out "$OUT/bench_gpu_decode.json" 2>&1 | tee "$OUT/bench.log"
   bench_rc=${PIPESTATUS[0]}
   "$PY" bench/gpu_forward.py --out "$OUT/bench_gpu_forward.json" 2>&1 | tee -a "$OUT/bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || bench_rc=1 ;;
+esac
+case " $STAGES " in *" side "*)
+  "$PY" bench/gpu_side_by_side.py --out "$OUT/bench_gpu_side_by_side.json" 2>&1 | tee "$OUT/side_by_side.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || bench_rc=1 ;;
 esac
 

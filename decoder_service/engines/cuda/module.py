@@ -65,6 +65,15 @@ class Launch:
     def set(self, index: int, value: int | float) -> None:
         self._values[index].value = value
 
+    def arg(self, index: int) -> int | float:
+        return self._values[index].value
+
+    def set_grid(self, grid: tuple[int, int, int]) -> None:
+        """Relaunch with another grid (for kernels whose result does not depend on it, e.g. the GEMV)."""
+        if any(g <= 0 for g in grid):
+            raise ValueError(f"{self.kernel.name}: grid {grid} must be positive")
+        self.grid, self._config = grid, None
+
     def __call__(self, stream: Stream) -> None:
         if self.kernel.pdl:
             err = driver.cu.cuLaunchKernelEx(self._launch_config(stream), self.kernel.handle, self._params, 0)
