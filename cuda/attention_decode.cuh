@@ -1,16 +1,21 @@
-// Decode attention (one query token per head), split over the cached positions so that a head keeps many
-// SMs busy (the single-block kernel in attention.cuh serves prefill). Deterministic by construction:
+// Decode attention (one query token), one launch per layer: q/k norm and rotary embedding of the new token,
+// its K/V cache write, attention split over the cached positions so that a head keeps many SMs busy, and the
+// merge of the splits. (The single-block kernel in attention.cuh serves prefill.) Deterministic by construction:
 //   the positions are cut into fixed chunks of ATTN_CHUNK (chunk c holds positions c*64 .. c*64+63, whatever
 //   the grid), so a chunk's partial result does not depend on how many blocks run;
-//   attention_split  per (head, chunk): scores with one warp per position (lanes own fixed float4 slices,
-//                    butterfly sum; a warp's 8 rows are loaded before any is used), the chunk's max m and sum l
-//                    of exp(s - m) by the fixed block trees, and acc[d] = sum_j p_j v[j, d] over V staged in
-//                    shared memory (its loads issued with the K loads), positions dealt round-robin to thread groups, the groups added in ascending
-//                    order. Writes (m, l, acc[0..head_dim)) per chunk.
-//   attention_combine per head: merges the chunks in ascending order (m = max m_c, weights exp(m_c - m)).
-// The position comes from device memory (graph replays) or from the host (pos_ptr null).
+//   per (head, chunk): scores with one warp per position (lanes own fixed float4 slices, butterfly sum; a warp's
+//   8 rows are loaded before any is used, together with the chunk's V), the chunk's max m and sum l of
+//   exp(s - m) by the fixed block trees, and acc[d] = sum_j p_j v[j, d] over V staged in shared memory,
+//   positions dealt round-robin to thread groups, the groups added in ascending order; (m, l, acc) go to
+//   `partial`;
+//   the block that finishes a head last (a counter per head) merges its chunks in ascending order
+//   (m = max m_c, weights exp(m_c - m)) into out, and resets the counter. Which block merges changes nothing.
+// The new token's k and v (row pos) are computed by every block whose chunk holds pos, with head_norm_rope
+// (the prefill kernel's function), and used from shared memory; the first q head of each kv group writes them
+// to the caches. The position comes from device memory (graph replays) or from the host (pos_ptr null).
 #pragma once
 #include "common.cuh"
+#include "rope.cuh"
 
 #define ATTN_CHUNK 64
 #define ATTN_SPLIT_THREADS 256  // the kernel assumes exactly this block size
@@ -21,42 +26,70 @@
 #define ATTN_V_PER_THREAD (ATTN_SPLIT_TILE_FLOATS / 4 / ATTN_SPLIT_THREADS)  // float4 of a V tile per thread
 
 // Loads one V tile (rows j0 .. j0 + trows - 1 of kv head kvh) into registers: thread t holds float4 chunks
-// t + u * ATTN_SPLIT_THREADS of the tile, every load issued before any is used.
+// t + u * ATTN_SPLIT_THREADS of the tile, every load issued before any is used. Row `pos` (the new token, not
+// yet in the cache) comes from vnew.
 __device__ __forceinline__ void attn_load_v_tile(float4 (&v)[ATTN_V_PER_THREAD], const float* __restrict__ v_cache,
-                                                 int j0, int trows, int kv_stride, int kvh, int head_dim) {
+                                                 const float4* vnew4, int pos, int j0, int trows, int kv_stride,
+                                                 int kvh, int head_dim) {
     const int hd4 = head_dim / 4;
 #pragma unroll
     for (int u = 0; u < ATTN_V_PER_THREAD; ++u) {
         const int e4 = threadIdx.x + u * ATTN_SPLIT_THREADS;
         if (e4 < trows * hd4) {
             const int r = e4 / hd4, col = e4 % hd4;
-            v[u] = reinterpret_cast<const float4*>(v_cache + (size_t)(j0 + r) * kv_stride + kvh * head_dim)[col];
+            v[u] = j0 + r == pos ? vnew4[col]
+                                 : reinterpret_cast<const float4*>(v_cache + (size_t)(j0 + r) * kv_stride +
+                                                                   kvh * head_dim)[col];
         }
     }
 }
 
-// grid (n_heads, any number of blocks); block ATTN_SPLIT_THREADS; partial holds n_heads * max_chunks records
-// of head_dim + 2 floats.
+// grid (n_heads, any number of blocks); block ATTN_SPLIT_THREADS. partial holds n_heads * max_chunks records of
+// head_dim + 2 floats; done holds n_heads zeroed counters (left zeroed). qkv is the new token's raw q|k|v.
 extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS)
-attention_split(const float* __restrict__ qkv, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
-                float* __restrict__ partial, const int* pos_ptr, int pos_host, int n_heads, int n_kv_heads,
-                int head_dim, float scale, int max_chunks) {
+attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm, const bf16_t* __restrict__ k_norm,
+                 float* __restrict__ k_cache, float* __restrict__ v_cache, float* __restrict__ partial,
+                 float* __restrict__ out, int* __restrict__ done, const int* pos_ptr, int pos_host, int n_heads,
+                 int n_kv_heads, int head_dim, float scale, float theta, float eps, int max_chunks) {
     pdl_enter();
     __shared__ __align__(16) float q[256];
+    __shared__ __align__(16) float knew[256];
+    __shared__ __align__(16) float vnew[256];
+    __shared__ float rope_scratch[256];
     __shared__ float p[ATTN_CHUNK];
     __shared__ float red[ATTN_SPLIT_THREADS];
     __shared__ float scratch[32];
+    __shared__ int merge;
     __shared__ __align__(16) float vtile[ATTN_SPLIT_TILE_FLOATS];
     float4* vt4 = reinterpret_cast<float4*>(vtile);
     const int h = blockIdx.x;
-    const int length = host_or_device(pos_ptr, pos_host) + 1;
+    const int pos = host_or_device(pos_ptr, pos_host), length = pos + 1;
     const int n_chunks = (length + ATTN_CHUNK - 1) / ATTN_CHUNK;
-    const int kvh = h / (n_heads / n_kv_heads);
-    const int kv_stride = n_kv_heads * head_dim, hd4 = head_dim / 4;
+    const int group_size = n_heads / n_kv_heads, kvh = h / group_size;
+    const int q_width = n_heads * head_dim, kv_stride = n_kv_heads * head_dim, hd4 = head_dim / 4;
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) q[d] = qkv[h * head_dim + d];
+
+    const float qd = head_norm_rope(qkv + h * head_dim, q_norm, pos, head_dim, theta, eps, rope_scratch, scratch);
+    if (threadIdx.x < head_dim) q[threadIdx.x] = qd;
+    const int last_chunk = pos / ATTN_CHUNK;
+    if (last_chunk % gridDim.y == blockIdx.y) {  // uniform across the block: this block scores row pos
+        const float kd =
+            head_norm_rope(qkv + q_width + kvh * head_dim, k_norm, pos, head_dim, theta, eps, rope_scratch, scratch);
+        if (threadIdx.x < head_dim) {
+            const float vd = qkv[q_width + kv_stride + kvh * head_dim + threadIdx.x];
+            knew[threadIdx.x] = kd;
+            vnew[threadIdx.x] = vd;
+            if (h % group_size == 0) {  // one writer per kv head
+                const size_t c = (size_t)pos * kv_stride + kvh * head_dim + threadIdx.x;
+                k_cache[c] = kd;
+                v_cache[c] = vd;
+            }
+        }
+    }
     __syncthreads();
     const float4* q4 = reinterpret_cast<const float4*>(q);
+    const float4* knew4 = reinterpret_cast<const float4*>(knew);
+    const float4* vnew4 = reinterpret_cast<const float4*>(vnew);
     const int groups = blockDim.x / head_dim;  // head_dim divides 256 for 16, 32, 64, 128, 256
     const int g = threadIdx.x / head_dim, d = threadIdx.x % head_dim;
     const int tile_rows = min(ATTN_CHUNK, ATTN_SPLIT_TILE_FLOATS / head_dim);
@@ -65,7 +98,7 @@ attention_split(const float* __restrict__ qkv, const float* __restrict__ k_cache
         const int j0 = c * ATTN_CHUNK, rows = min(ATTN_CHUNK, length - j0);
         // The first V tile is loaded into registers together with the K rows, so both HBM round trips overlap.
         float4 vreg[ATTN_V_PER_THREAD];
-        attn_load_v_tile(vreg, v_cache, j0, min(tile_rows, rows), kv_stride, kvh, head_dim);
+        attn_load_v_tile(vreg, v_cache, vnew4, pos, j0, min(tile_rows, rows), kv_stride, kvh, head_dim);
         // Scores: warp w owns rows w, w + 8, ...; every row's loads are issued before the first use.
         float s[ATTN_ROWS_PER_WARP];
 #pragma unroll
@@ -75,9 +108,10 @@ attention_split(const float* __restrict__ qkv, const float* __restrict__ k_cache
 #pragma unroll
             for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u) {
                 const int r = warp + u * ATTN_SPLIT_WARPS;
-                k[u] = r < rows ? reinterpret_cast<const float4*>(k_cache + (size_t)(j0 + r) * kv_stride +
-                                                                  kvh * head_dim)[i]
-                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                k[u] = r >= rows      ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
+                       : j0 + r == pos ? knew4[i]
+                                       : reinterpret_cast<const float4*>(k_cache + (size_t)(j0 + r) * kv_stride +
+                                                                         kvh * head_dim)[i];
             }
             const float4 qq = q4[i];
 #pragma unroll
@@ -101,12 +135,12 @@ attention_split(const float* __restrict__ qkv, const float* __restrict__ k_cache
         if (threadIdx.x < ATTN_CHUNK) p[threadIdx.x] = e;
         const float l = block_sum(e, scratch);  // its barriers order the writes to p before the reads below
 
-        // Output: V staged through shared memory by the whole block (all loads in flight at once); group g sums
-        // rows g, g + groups, ... in ascending order, then the groups are added in ascending order.
+        // Output: V staged through shared memory by the whole block; group g sums rows g, g + groups, ... in
+        // ascending order, then the groups are added in ascending order.
         float acc = 0.0f;
         for (int t0 = 0; t0 < rows; t0 += tile_rows) {
             const int trows = min(tile_rows, rows - t0);
-            if (t0 > 0) attn_load_v_tile(vreg, v_cache, j0 + t0, trows, kv_stride, kvh, head_dim);
+            if (t0 > 0) attn_load_v_tile(vreg, v_cache, vnew4, pos, j0 + t0, trows, kv_stride, kvh, head_dim);
 #pragma unroll
             for (int u = 0; u < ATTN_V_PER_THREAD; ++u) {
                 const int e4 = threadIdx.x + u * ATTN_SPLIT_THREADS;
@@ -131,25 +165,27 @@ attention_split(const float* __restrict__ qkv, const float* __restrict__ k_cache
         }
         __syncthreads();  // p and red are reused by the next chunk
     }
-}
 
-// grid (n_heads); block max(32, head_dim). out[h * head_dim + d] = merged attention output.
-extern "C" __global__ void attention_combine(const float* __restrict__ partial, float* __restrict__ out,
-                                             const int* pos_ptr, int pos_host, int head_dim, int max_chunks) {
-    pdl_enter();
-    const int h = blockIdx.x, d = threadIdx.x;
-    if (d >= head_dim) return;
-    const int length = host_or_device(pos_ptr, pos_host) + 1;
-    const int n_chunks = (length + ATTN_CHUNK - 1) / ATTN_CHUNK;
-    const float* ph = partial + (size_t)h * max_chunks * (head_dim + 2);
-    float m = -INFINITY;
-    for (int c = 0; c < n_chunks; ++c) m = fmaxf(m, ph[c * (head_dim + 2)]);
-    float l = 0.0f, acc = 0.0f;
-    for (int c = 0; c < n_chunks; ++c) {
-        const float* rec = ph + c * (head_dim + 2);
-        const float w = expf(rec[0] - m);
-        l = fmaf(rec[1], w, l);
-        acc = fmaf(rec[2 + d], w, acc);
+    // The last of the head's blocks to get here merges its chunks (the others' records are visible to it: each
+    // block fences its writes before it counts itself in).
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) merge = atomicAdd(done + h, 1) == (int)gridDim.y - 1;
+    __syncthreads();
+    if (!merge) return;
+    __threadfence();
+    if (threadIdx.x < head_dim) {
+        const float* ph = partial + (size_t)h * max_chunks * (head_dim + 2);
+        float mx = -INFINITY;
+        for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, __ldcg(ph + c * (head_dim + 2)));
+        float lsum = 0.0f, a = 0.0f;
+        for (int c = 0; c < n_chunks; ++c) {
+            const float* rec = ph + c * (head_dim + 2);
+            const float w = expf(__ldcg(rec) - mx);
+            lsum = fmaf(__ldcg(rec + 1), w, lsum);
+            a = fmaf(__ldcg(rec + 2 + threadIdx.x), w, a);
+        }
+        out[h * head_dim + threadIdx.x] = a / lsum;
     }
-    out[h * head_dim + d] = acc / l;
+    if (threadIdx.x == 0) done[h] = 0;  // ready for the next launch (kernels on the stream run in order)
 }

@@ -1,12 +1,40 @@
 // Per-head q/k RMSNorm (Qwen3), rotary embedding (Hugging Face rotate_half convention) and the KV-cache write.
 // qkv holds, per token, q (n_heads * head_dim), then k and v (n_kv_heads * head_dim each), the layout of
-// the fused q|k|v weight. Grid (n_tokens, n_heads + n_kv_heads), one block of max(32, head_dim) threads per head:
-// q heads are rotated in place; k heads are rotated into k_cache, and the matching v head is copied to
-// v_cache, at absolute position pos0 + t. Caches are fp32 [max_ctx, n_kv_heads, head_dim].
+// the fused q|k|v weight. qk_norm_rope_cache (prefill) rotates q heads in place, rotates k heads into k_cache
+// and copies the matching v head to v_cache, at absolute position pos0 + t; decode attention
+// (attention_decode.cuh) calls head_norm_rope itself. Caches are fp32 [max_ctx, n_kv_heads, head_dim].
 #pragma once
 #include "common.cuh"
 
-// q_norm / k_norm: per-head RMSNorm weights (head_dim values) or nullptr to skip the norm (Llama, Qwen2).
+// One head vector normalised (norm_w: its RMSNorm weights, or nullptr to skip: Llama, Qwen2) and rotated
+// (Hugging Face: inv_freq = 1 / theta^(2i/d) in fp32, angle = pos * inv_freq, rotate_half). Thread d < head_dim
+// receives element d (others 0). Every thread of the block calls it (block_sum); whatever the block size, the
+// sum of squares is bit-identical (absent warps add zeros). `head` is head_dim floats of shared scratch.
+__device__ __forceinline__ float head_norm_rope(const float* __restrict__ src, const bf16_t* __restrict__ norm_w,
+                                                int pos, int head_dim, float theta, float eps, float* head,
+                                                float* scratch) {
+    const int d = threadIdx.x;
+    const bool active = d < head_dim;  // blocks have whole warps; head_dim may be 16
+    float v = active ? src[d] : 0.0f;
+    if (norm_w) {
+        const float ss = block_sum(v * v, scratch);
+        if (active) v = v * rsqrtf(ss / (float)head_dim + eps) * bf16_to_float(norm_w[d]);
+    }
+    if (active) head[d] = v;
+    __syncthreads();
+    float out = 0.0f;
+    if (active) {
+        const int half = head_dim / 2, i = d % half;
+        const float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
+        const float angle = (float)pos * inv_freq;
+        const float rotated = d < half ? -head[d + half] : head[d - half];
+        out = fmaf(v, cosf(angle), rotated * sinf(angle));  // one explicit rounding pattern in every caller
+    }
+    __syncthreads();  // head is free again
+    return out;
+}
+
+// Prefill: grid (n_tokens, n_heads + n_kv_heads), block max(32, head_dim) threads.
 extern "C" __global__ void qk_norm_rope_cache(float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
                                               const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache,
                                               float* __restrict__ v_cache, const int* pos_ptr, int pos_host,
@@ -21,23 +49,8 @@ extern "C" __global__ void qk_norm_rope_cache(float* __restrict__ qkv, const bf1
     const bool is_q = h < n_heads;
     const int kh = h - n_heads;
     float* src = is_q ? row + h * head_dim : row + q_width + kh * head_dim;
-    const bf16_t* norm_w = is_q ? q_norm : k_norm;
-
-    const bool active = d < head_dim;  // blocks have whole warps; head_dim may be 16
-    float v = active ? src[d] : 0.0f;
-    if (norm_w) {
-        const float ss = block_sum(v * v, scratch);
-        if (active) v = v * rsqrtf(ss / (float)head_dim + eps) * bf16_to_float(norm_w[d]);
-    }
-    if (active) head[d] = v;
-    __syncthreads();
-    if (!active) return;
-    // Same arithmetic as Hugging Face: inv_freq = 1 / theta^(2i/d) in fp32, angle = pos * inv_freq.
-    const int half = head_dim / 2, i = d % half;
-    const float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
-    const float angle = (float)pos * inv_freq;
-    const float rotated = d < half ? -head[d + half] : head[d - half];
-    const float out = v * cosf(angle) + rotated * sinf(angle);
+    const float out = head_norm_rope(src, is_q ? q_norm : k_norm, pos, head_dim, theta, eps, head, scratch);
+    if (d >= head_dim) return;
     if (is_q) {
         src[d] = out;
     } else {

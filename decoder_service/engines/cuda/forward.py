@@ -100,6 +100,8 @@ class CudaModel:
         self.attn_shared = max_context * F32  # one score per cached position (prefill attention)
         self.max_chunks = -(-max_context // ATTN_CHUNK)
         self.attn_partial = DeviceBuffer(c.num_heads * self.max_chunks * (c.head_dim + 2) * F32)
+        self.attn_done = DeviceBuffer(c.num_heads * 4)  # per-head merge counters; the kernel leaves them at 0
+        self.attn_done.upload(np.zeros(c.num_heads, dtype=np.int32), self.stream)
         if self.attn_shared + ATTN_STATIC_SHARED > MAX_SHARED_PER_BLOCK:
             limit = (MAX_SHARED_PER_BLOCK - ATTN_STATIC_SHARED) // F32
             raise ValueError(f"max_context {max_context} needs more shared memory than a block has; at most {limit}")
@@ -170,28 +172,30 @@ class CudaModel:
                         lw.qkv.ptr, self.xn.ptr, _ptr(lw.qkv_bias), 0, self.qkv.ptr, n, self.qkv_width, c.hidden_size
                     )
                 )
-            rope = Launch(
-                k("qk_norm_rope_cache"),
-                (n, c.num_heads + c.num_kv_heads, 1),
-                (max(32, c.head_dim), 1, 1),  # whole warps: the block sum folds warps
-                [
-                    ("ptr", self.qkv.ptr),
-                    ("ptr", _ptr(lw.q_norm)),
-                    ("ptr", _ptr(lw.k_norm)),
-                    ("ptr", self.k_cache[i].ptr),
-                    ("ptr", self.v_cache[i].ptr),
-                    ("ptr", pos_ptr),
-                    ("i32", pos),
-                    ("i32", c.num_heads),
-                    ("i32", c.num_kv_heads),
-                    ("i32", c.head_dim),
-                    ("f32", float(c.rope_theta)),
-                    ("f32", eps),
-                ],
-            )
-            if n == 1:
-                attn_launches, attn_pos = self._decode_attention(i, pos_ptr, pos)
+            if n == 1:  # one kernel: rotary embedding, cache write, split attention and merge
+                attn = self._decode_attention(i, pos_ptr, pos)
+                launches.append(attn)
+                pos_args.append((attn, 9))
             else:
+                rope = Launch(
+                    k("qk_norm_rope_cache"),
+                    (n, c.num_heads + c.num_kv_heads, 1),
+                    (max(32, c.head_dim), 1, 1),  # whole warps: the block sum folds warps
+                    [
+                        ("ptr", self.qkv.ptr),
+                        ("ptr", _ptr(lw.q_norm)),
+                        ("ptr", _ptr(lw.k_norm)),
+                        ("ptr", self.k_cache[i].ptr),
+                        ("ptr", self.v_cache[i].ptr),
+                        ("ptr", pos_ptr),
+                        ("i32", pos),
+                        ("i32", c.num_heads),
+                        ("i32", c.num_kv_heads),
+                        ("i32", c.head_dim),
+                        ("f32", float(c.rope_theta)),
+                        ("f32", eps),
+                    ],
+                )
                 attn = Launch(
                     k("attention"),
                     (c.num_heads, n, 1),
@@ -210,9 +214,8 @@ class CudaModel:
                     ],
                     shared_bytes=self.attn_shared,
                 )
-                attn_launches, attn_pos = [attn], [(attn, 5)]
-            launches += [rope, *attn_launches]
-            pos_args += [(rope, 6), *attn_pos]
+                launches += [rope, attn]
+                pos_args += [(rope, 6), (attn, 5)]
             if n == 1:
                 launches += [
                     self._gemv(
@@ -271,43 +274,35 @@ class CudaModel:
         launches += self._head(n) if head else self._head(n)[:1]
         return launches, pos_args
 
-    def _decode_attention(self, layer: int, pos_ptr: int, pos: int) -> tuple[list[Launch], list[tuple[Launch, int]]]:
-        """Decode attention split over fixed 64-position chunks, then merged per head (cuda/attention_decode.cuh)."""
-        c, k = self.config, self.module.kernel
-        split = Launch(
-            k("attention_split"),
+    def _decode_attention(self, layer: int, pos_ptr: int, pos: int) -> Launch:
+        """The new token's attention in one launch (cuda/attention_decode.cuh): q/k norm and rotary embedding,
+        the cache write, fixed 64-position chunks split over up to 16 blocks per head, and the merge."""
+        c, lw = self.config, self.weights.layers[layer]
+        return Launch(
+            self.module.kernel("attention_decode"),
             (c.num_heads, min(self.max_chunks, ATTN_SPLIT_BLOCKS), 1),
             (ATTN_THREADS, 1, 1),
             [
                 ("ptr", self.qkv.ptr),
+                ("ptr", _ptr(lw.q_norm)),
+                ("ptr", _ptr(lw.k_norm)),
                 ("ptr", self.k_cache[layer].ptr),
                 ("ptr", self.v_cache[layer].ptr),
                 ("ptr", self.attn_partial.ptr),
+                ("ptr", self.attn.ptr),
+                ("ptr", self.attn_done.ptr),
                 ("ptr", pos_ptr),
                 ("i32", pos),
                 ("i32", c.num_heads),
                 ("i32", c.num_kv_heads),
                 ("i32", c.head_dim),
                 ("f32", 1.0 / math.sqrt(c.head_dim)),
+                ("f32", float(c.rope_theta)),
+                ("f32", float(c.rms_norm_eps)),
                 ("i32", self.max_chunks),
             ],
-            label="attention_split",
+            label="attention_decode",
         )
-        combine = Launch(
-            k("attention_combine"),
-            (c.num_heads, 1, 1),
-            (max(32, c.head_dim), 1, 1),
-            [
-                ("ptr", self.attn_partial.ptr),
-                ("ptr", self.attn.ptr),
-                ("ptr", pos_ptr),
-                ("i32", pos),
-                ("i32", c.head_dim),
-                ("i32", self.max_chunks),
-            ],
-            label="attention_combine",
-        )
-        return [split, combine], [(split, 5), (combine, 3)]
 
     def step_launches(self, token_ptr: int, pos_ptr: int) -> tuple[list[Launch], list[tuple[Launch, int]]]:
         """One decode token's forward pass up to the final norm (into ``xn``), without a head.
@@ -477,6 +472,7 @@ class CudaModel:
             self.qkv,
             self.attn,
             self.attn_partial,
+            self.attn_done,
             self.gate_up,
             self.act,
             self.logits,

@@ -372,34 +372,23 @@ class FakeDriver:
         vc = self.view(a.v_cache, np.float32, (pos0 + t) * kv * hd).reshape(pos0 + t, kv, hd)
         self.view(a.out, np.float32, t * h * hd)[:] = ref.attention(q.astype(np.float64), kc, vc, pos0).ravel()
 
-    def k_attention_split(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
-        """Per (head, 64-position chunk): the chunk's max score, sum of exponentials and unnormalised output."""
+    def k_attention_decode(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        """The new token's q/k norm and rotary embedding, its cache row, and its attention over the cache."""
         h, hd, kv = a.n_heads, a.head_dim, a.n_kv_heads
         assert grid[0] == h and block[0] == 256 and 256 % hd == 0
-        length = self._pos(a) + 1
-        n_chunks = -(-length // 64)
-        assert n_chunks <= a.max_chunks, "more chunks than the partial buffer holds"
-        q = self.view(a.qkv, np.float32, (h + 2 * kv) * hd)[: h * hd].reshape(h, hd).astype(np.float64)
-        kc = self.view(a.k_cache, np.float32, length * kv * hd).reshape(length, kv, hd).astype(np.float64)
-        vc = self.view(a.v_cache, np.float32, length * kv * hd).reshape(length, kv, hd).astype(np.float64)
-        part = self.view(a.partial, np.float32, h * a.max_chunks * (hd + 2)).reshape(h, a.max_chunks, hd + 2)
-        for head in range(h):
-            g = head // (h // kv)
-            for c in range(n_chunks):
-                s = kc[c * 64 : (c + 1) * 64, g] @ q[head] * a.scale
-                e = np.exp(s - s.max())
-                part[head, c, 0], part[head, c, 1] = s.max(), e.sum()
-                part[head, c, 2:] = e @ vc[c * 64 : (c + 1) * 64, g]
-
-    def k_attention_combine(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
-        h, hd = grid[0], a.head_dim
-        assert block[0] >= hd
-        n_chunks = -(-(self._pos(a) + 1) // 64)
-        part = self.view(a.partial, np.float32, h * a.max_chunks * (hd + 2)).reshape(h, a.max_chunks, hd + 2)
-        p = part[:, :n_chunks].astype(np.float64)
-        w = np.exp(p[:, :, 0] - p[:, :, 0].max(axis=1, keepdims=True))
-        out = (p[:, :, 2:] * w[:, :, None]).sum(axis=1) / (p[:, :, 1] * w).sum(axis=1, keepdims=True)
-        self.view(a.out, np.float32, h * hd)[:] = out.ravel()
+        assert abs(a.scale - hd**-0.5) < 1e-6
+        pos = self._pos(a)
+        assert -(-(pos + 1) // 64) <= a.max_chunks, "more chunks than the partial buffer holds"
+        assert not self.view(a.done, np.int32, h).any(), "merge counters must start at zero"
+        self.view(a.partial, np.float32, h * a.max_chunks * (hd + 2))  # the split records fit the buffer
+        qkv = self.view(a.qkv, np.float32, (h + 2 * kv) * hd).reshape(1, -1)
+        qn = self._bf16(a.q_norm, hd) if a.q_norm else None
+        kn = self._bf16(a.k_norm, hd) if a.k_norm else None
+        q, k, v = ref.qk_norm_rope(qkv, qn, kn, pos, h, kv, hd, a.theta, a.eps)
+        kc = self.view(a.k_cache, np.float32, (pos + 1) * kv * hd).reshape(pos + 1, kv, hd)
+        vc = self.view(a.v_cache, np.float32, (pos + 1) * kv * hd).reshape(pos + 1, kv, hd)
+        kc[pos], vc[pos] = k[0], v[0]
+        self.view(a.out, np.float32, h * hd)[:] = ref.attention(q, kc, vc, pos).ravel()
 
     def k_swiglu(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         gu = self.view(a.gate_up, np.float32, a.n_tokens * 2 * a.inter).reshape(a.n_tokens, 2 * a.inter)

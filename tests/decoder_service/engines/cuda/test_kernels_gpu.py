@@ -354,50 +354,99 @@ def test_attention(dev: Device, rng: np.random.Generator, hd: int, t: int, pos0:
 
 
 @pytest.mark.parametrize(
-    ("hd", "pos0", "device_pos"), [(128, 200, True), (64, 0, False), (16, 1500, False), (128, 2047, True)]
+    ("hd", "pos0", "device_pos", "qk_norm"),
+    [
+        (128, 200, True, True),
+        (64, 0, False, True),
+        (16, 1500, False, False),
+        (128, 2047, True, True),
+        (128, 63, True, True),
+    ],
 )
-def test_decode_attention_split(dev: Device, rng: np.random.Generator, hd: int, pos0: int, device_pos: bool) -> None:
-    """The split decode attention against float64, and bit-identical whatever the number of blocks per head."""
-    heads, kv, ctx = 8, 2, 2048
+def test_decode_attention(
+    dev: Device, rng: np.random.Generator, hd: int, pos0: int, device_pos: bool, qk_norm: bool
+) -> None:
+    """The one-launch decode attention against float64; bit-identical whatever the number of blocks per head;
+    the cache row it writes is bit-identical to the prefill kernel's; the merge counters are left at zero."""
+    heads, kv, ctx, theta, eps = 8, 2, 2048, 1e6, 1e-6
     chunks = ctx // 64
-    qkv = rng.standard_normal((heads + 2 * kv) * hd).astype(F32)
+    width = (heads + 2 * kv) * hd
+    qkv = rng.standard_normal(width).astype(F32)
+    qnb, qn = bf16_random(rng, hd, 0.2, 1.0)
+    knb, kn = bf16_random(rng, hd, 0.2, 1.0)
+    qn_ptr = dev.put(qnb).ptr if qk_norm else 0
+    kn_ptr = dev.put(knb).ptr if qk_norm else 0
     k_cache = rng.standard_normal((ctx, kv, hd)).astype(F32)
     v_cache = rng.standard_normal((ctx, kv, hd)).astype(F32)
-    qb, kb, vb = dev.put(qkv), dev.put(k_cache), dev.put(v_cache)
-    part = dev.poisoned(heads * chunks * (hd + 2))
+    qb = dev.put(qkv)
+    part, done = dev.poisoned(heads * chunks * (hd + 2)), dev.put(np.zeros(heads, dtype=np.int32))
     pos_ptr = dev.put(np.array([pos0], dtype=np.int32)).ptr if device_pos else 0
     host_pos = -1 if device_pos else pos0
-    outs = []
+    outs, caches = [], []
     for blocks in (16, 3):
-        out = dev.poisoned(heads * hd)
+        kb, vb, out = dev.put(k_cache), dev.put(v_cache), dev.poisoned(heads * hd)
         dev.launch(
-            "attention_split",
+            "attention_decode",
             (heads, blocks, 1),
             (256, 1, 1),
             [
                 ("ptr", qb.ptr),
+                ("ptr", qn_ptr),
+                ("ptr", kn_ptr),
                 ("ptr", kb.ptr),
                 ("ptr", vb.ptr),
                 ("ptr", part.ptr),
+                ("ptr", out.ptr),
+                ("ptr", done.ptr),
                 ("ptr", pos_ptr),
                 ("i32", host_pos),
                 ("i32", heads),
                 ("i32", kv),
                 ("i32", hd),
                 ("f32", hd**-0.5),
+                ("f32", theta),
+                ("f32", eps),
                 ("i32", chunks),
             ],
         )
-        dev.launch(
-            "attention_combine",
-            (heads, 1, 1),
-            (max(32, hd), 1, 1),
-            [("ptr", part.ptr), ("ptr", out.ptr), ("ptr", pos_ptr), ("i32", host_pos), ("i32", hd), ("i32", chunks)],
-        )
         outs.append(dev.get(out, F32, heads * hd))
-    q = qkv[: heads * hd].reshape(1, heads, hd).astype(np.float64)
-    check(f"attention_split/hd={hd},pos0={pos0}", outs[0], ref.attention(q, k_cache, v_cache, pos0).ravel())
+        caches.append((dev.get(kb, F32, (ctx, kv, hd)), dev.get(vb, F32, (ctx, kv, hd))))
+        assert not dev.get(done, np.int32, heads).any(), "the merge counters must be left at zero"
+    q, k, v = ref.qk_norm_rope(
+        qkv.reshape(1, -1), qn if qk_norm else None, kn if qk_norm else None, pos0, heads, kv, hd, theta, eps
+    )
+    expected_k, expected_v = k_cache.astype(np.float64), v_cache.astype(np.float64)
+    expected_k[pos0], expected_v[pos0] = k[0], v[0]
+    tag = f"hd={hd},pos0={pos0}"
+    check(f"attention_decode/{tag}", outs[0], ref.attention(q, expected_k, expected_v, pos0).ravel())
+    check(f"attention_decode/k_row/{tag}", caches[0][0][pos0], k[0])
     assert np.array_equal(outs[0], outs[1])
+    assert all(np.array_equal(a, b) for a, b in zip(caches[0], caches[1], strict=True))
+    untouched = np.arange(ctx) != pos0
+    assert np.array_equal(caches[0][0][untouched], k_cache[untouched])
+    assert np.array_equal(caches[0][1][pos0], qkv[(heads + kv) * hd :].reshape(kv, hd))
+    # The prefill kernel writes the same row bit for bit (both call head_norm_rope).
+    kp, vp = dev.poisoned(ctx * kv * hd), dev.poisoned(ctx * kv * hd)
+    dev.launch(
+        "qk_norm_rope_cache",
+        (1, heads + kv, 1),
+        (max(32, hd), 1, 1),
+        [
+            ("ptr", dev.put(qkv).ptr),
+            ("ptr", qn_ptr),
+            ("ptr", kn_ptr),
+            ("ptr", kp.ptr),
+            ("ptr", vp.ptr),
+            ("ptr", 0),
+            ("i32", pos0),
+            ("i32", heads),
+            ("i32", kv),
+            ("i32", hd),
+            ("f32", theta),
+            ("f32", eps),
+        ],
+    )
+    assert np.array_equal(dev.get(kp, F32, (ctx, kv, hd))[pos0], caches[0][0][pos0])
 
 
 def test_swiglu_and_residual_add(dev: Device, rng: np.random.Generator) -> None:
