@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 from bench.machine import git_commit  # noqa: E402
 from decoder_service.engines.cuda import driver  # noqa: E402
 from decoder_service.engines.cuda.driver import Event, Stream, call, cuda_available  # noqa: E402
-from decoder_service.engines.cuda.forward import GEMV_WARPS, CudaModel  # noqa: E402
+from decoder_service.engines.cuda.forward import GEMV_MAX_BLOCKS, GEMV_WARPS, CudaModel  # noqa: E402
 from decoder_service.engines.cuda.memory import DeviceBuffer, to_bf16_bits  # noqa: E402
 from decoder_service.engines.cuda.module import Launch, Module  # noqa: E402
 from decoder_service.engines.cuda.weights import weight_bytes  # noqa: E402
@@ -133,6 +133,24 @@ def gemv_grid_sweep(stream: Stream, launches: list[Launch], blocks: list[int]) -
     return out
 
 
+def gemv_split_sweep(stream: Stream, launches: list[Launch], label: str, splits: list[int]) -> dict[str, float]:
+    """Step time with one GEMV group's rows shared by each of ``splits`` warps (timing only: the split changes
+    the reduction order, so the values differ from the engine's)."""
+    group = [launch for launch in launches if launch.label == label]
+    built_grid, built_split = group[0].grid, int(group[0].arg(10))
+    out: dict[str, float] = {"built": built_split}
+    for split in splits:
+        blocks = min(-(-int(group[0].arg(8)) // (GEMV_WARPS // split)), GEMV_MAX_BLOCKS)
+        for launch in group:
+            launch.set(10, split)
+            launch.set_grid((blocks, 1, 1))
+        out[str(split)] = graph_ms(stream, launches)
+    for launch in group:
+        launch.set(10, built_split)
+        launch.set_grid(built_grid)
+    return out
+
+
 def write_report(run_dir: Path, results_dir: Path) -> None:
     """Fold one gpu_run.sh output folder into results/gpu.json and results/gpu.md."""
     env_lines = (run_dir / "env.txt").read_text().splitlines()
@@ -225,6 +243,14 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
         for label, row in sweep.items():
             cells = " | ".join(f"{row[n]:.3f} ms" for n in sizes)
             lines.append(f"| {label} | {row['built']} | {cells} |")
+    splits = b.get("gemv_down_warps_per_row_sweep_ms_per_token")
+    if splits:
+        cells = ", ".join(f"{n} warps {ms:.3f} ms" for n, ms in splits.items() if n != "built")
+        lines += [
+            "",
+            f"Whole-step time with the MLP down GEMV's rows shared by 1, 2 or 4 warps (built: {splits['built']}; "
+            f"timing only, the reduction order differs): {cells}.",
+        ]
     lines += [
         "",
         "Notes:",
@@ -286,6 +312,7 @@ def main() -> int:
     step_ms = graph_ms(stream, step, 50)
     parts = breakdown(stream, step, step_ms)
     sweep = gemv_grid_sweep(stream, step, [132, 264, 396, 528])
+    down_splits = gemv_split_sweep(stream, step, "gemv:down", [1, 2, 4])
     head = next(launch for launch in step if launch.label == "gemv:head")
     head_ms = time_events(stream, lambda: head(stream), 20)
 
@@ -317,6 +344,7 @@ def main() -> int:
         "graph_step_bandwidth_TBps": (w_bytes + kv_bytes_fp32) / (step_ms * 1e-3) / 1e12,
         "graph_step_breakdown": parts,
         "gemv_grid_sweep_ms_per_token": sweep,
+        "gemv_down_warps_per_row_sweep_ms_per_token": down_splits,
         "tokens_head": tokens[:8],
     }
     model.free()

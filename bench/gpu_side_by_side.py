@@ -893,7 +893,8 @@ def render_markdown(result: dict[str, Any], env: list[str]) -> str:
 def write_report(run_dir: Path, results_dir: Path) -> None:
     """Render results/gpu_side_by_side.{md,json} from a run folder (or the JSON file itself) and its env.txt."""
     path = run_dir / RESULT_FILE if run_dir.is_dir() else run_dir
-    result = json.loads(path.read_text())
+    # The commit is this checkout's, as in the other reports: commit, then run the GPU stages on a copy of the tree.
+    result = json.loads(path.read_text()) | {"commit": machine.git_commit()}
     env_file = path.parent / "env.txt"
     env = env_file.read_text().splitlines() if env_file.exists() else []
     results_dir.mkdir(parents=True, exist_ok=True)
