@@ -69,6 +69,19 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
     const int q_width = n_heads * head_dim, kv_stride = n_kv_heads * head_dim, hd4 = head_dim / 4;
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
 
+    // The first chunk's K and V rows are requested into L2 before the rotary work, so their HBM round trip
+    // overlaps it (a prefetch holds no registers; the loads below then hit L2).
+    if (blockIdx.y < n_chunks) {
+        const int j0 = blockIdx.y * ATTN_CHUNK, rows = min(ATTN_CHUNK, length - j0);
+        const int lines = max(1, head_dim / 32);  // 128-byte lines per row of one kv head
+        for (int e = threadIdx.x; e < 2 * rows * lines; e += blockDim.x) {
+            const int r = (e / lines) % rows, line = e % lines;
+            const float* base = e < rows * lines ? k_cache : v_cache;
+            const float* at = base + (size_t)(j0 + r) * kv_stride + kvh * head_dim + line * 32;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
+        }
+    }
+
     const float qd = head_norm_rope(qkv + h * head_dim, q_norm, pos, head_dim, theta, eps, rope_scratch, scratch);
     if (threadIdx.x < head_dim) q[threadIdx.x] = qd;
     const int last_chunk = pos / ATTN_CHUNK;
@@ -174,16 +187,33 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
     __syncthreads();
     if (!merge) return;
     __threadfence();
+    // Every chunk's (m, l) in one round of loads into shared memory (vtile is free now), then each output
+    // element's chunk values in batches; the merge arithmetic runs in ascending chunk order.
+    const float* ph = partial + (size_t)h * max_chunks * (head_dim + 2);
+    float* ms = vtile;
+    float* ls = vtile + ATTN_SPLIT_TILE_FLOATS / 2;
+    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) {
+        ms[c] = __ldcg(ph + c * (head_dim + 2));
+        ls[c] = __ldcg(ph + c * (head_dim + 2) + 1);
+    }
+    __syncthreads();
     if (threadIdx.x < head_dim) {
-        const float* ph = partial + (size_t)h * max_chunks * (head_dim + 2);
         float mx = -INFINITY;
-        for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, __ldcg(ph + c * (head_dim + 2)));
+        for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, ms[c]);
         float lsum = 0.0f, a = 0.0f;
-        for (int c = 0; c < n_chunks; ++c) {
-            const float* rec = ph + c * (head_dim + 2);
-            const float w = expf(__ldcg(rec) - mx);
-            lsum = fmaf(__ldcg(rec + 1), w, lsum);
-            a = fmaf(__ldcg(rec + 2 + threadIdx.x), w, a);
+        for (int c0 = 0; c0 < n_chunks; c0 += 4) {
+            float vals[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                vals[j] = c0 + j < n_chunks ? __ldcg(ph + (c0 + j) * (head_dim + 2) + 2 + threadIdx.x) : 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                if (c0 + j < n_chunks) {
+                    const float w = expf(ms[c0 + j] - mx);
+                    lsum = fmaf(ls[c0 + j], w, lsum);
+                    a = fmaf(vals[j], w, a);
+                }
+            }
         }
         out[h * head_dim + threadIdx.x] = a / lsum;
     }

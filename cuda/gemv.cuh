@@ -56,6 +56,41 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
                                          gemv_silu_mul(g[i].z, u[i].z), gemv_silu_mul(g[i].w, u[i].w));
             }
         }
+    } else if (x_mode == GEMV_IN_RMSNORM && k4 <= GEMV_STAGE_BATCH * stride) {
+        // The row fits one batch: one round of loads serves the sum of squares (rms_sum_of_squares's partition
+        // and order: chunks ascending per thread, components in order) and the normalised values.
+        float4 v[GEMV_STAGE_BATCH];
+        uint2 w[GEMV_STAGE_BATCH];
+        const uint2* w4 = reinterpret_cast<const uint2*>(norm_w);
+#pragma unroll
+        for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
+            const int e = threadIdx.x + i * stride;
+            if (e < k4) {
+                v[i] = x4[e];
+                w[i] = w4[e];
+            }
+        }
+        float ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
+            if (threadIdx.x + i * stride < k4) {
+                ss = fmaf(v[i].x, v[i].x, ss);
+                ss = fmaf(v[i].y, v[i].y, ss);
+                ss = fmaf(v[i].z, v[i].z, ss);
+                ss = fmaf(v[i].w, v[i].w, ss);
+            }
+        }
+        const float inv = rms_inverse(block_sum(ss, scratch), K, eps);
+#pragma unroll
+        for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
+            const int e = threadIdx.x + i * stride;
+            if (e < k4) {
+                float w0, w1, w2, w3;
+                bf16x2_to_float(w[i].x, w0, w1);
+                bf16x2_to_float(w[i].y, w2, w3);
+                xs4[e] = make_float4(v[i].x * inv * w0, v[i].y * inv * w1, v[i].z * inv * w2, v[i].w * inv * w3);
+            }
+        }
     } else if (x_mode == GEMV_IN_RMSNORM) {
         const float inv = rms_inverse(rms_sum_of_squares(x4, k4, scratch), K, eps);
         const uint2* w4 = reinterpret_cast<const uint2*>(norm_w);  // 4 bf16 weights per float4 chunk
