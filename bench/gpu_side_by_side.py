@@ -555,6 +555,15 @@ def hf_section(
 # -- the run ----------------------------------------------------------------------------------------------
 
 
+def _portable(arg: str) -> str:
+    """A command-line argument as anyone can repeat it: an absolute output path becomes ``<dir>/<name>``."""
+    return f"<dir>/{Path(arg).name}" if Path(arg).is_absolute() else arg
+
+
+def _portable_command(command: str) -> str:
+    return " ".join(_portable(arg) for arg in command.split())
+
+
 def device_name(device: str) -> str:
     if device.startswith("cuda"):
         ok, name = cuda_available()
@@ -581,7 +590,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "gpu_side_by_side",
         "date": info["date"],
         "commit": info["commit"],
-        "command": "python3 " + " ".join(["bench/gpu_side_by_side.py", *sys.argv[1:]]),
+        "command": "python3 " + " ".join(["bench/gpu_side_by_side.py", *map(_portable, sys.argv[1:])]),
         "device": device_name(args.device),
         "cuda_sources_sha256": sha,
         "model": {"shape": args.shape, "weights": f"synthetic bf16 (seed {WEIGHT_SEED})", "config": vars_of(cfg)},
@@ -815,7 +824,9 @@ def render_markdown(result: dict[str, Any], env: list[str]) -> str:
     if "transformers" in hf:
         lines.append(f"- transformers {hf['transformers']}, torch {hf['torch']} ({hf['dtype']}, {hf['attention']})")
     lines += [
-        f"- command: `PYTHONPATH=. {result['command']}`",
+        "- command: `OUT=<dir> scripts/gpu_run.sh` from the repository root (its side stage runs "
+        f"`{result['command']}`), then "
+        "`python3 bench/gpu_side_by_side.py --report <dir> --results results`",
         "",
         f"Model: {shape_text(result['model'])}; weights {result['model']['weights']}; "
         f"the Qwen3 tokenizer; k = {result['k']}; the first {result['intents']} intents of "
@@ -895,6 +906,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
     path = run_dir / RESULT_FILE if run_dir.is_dir() else run_dir
     # The commit is this checkout's, as in the other reports: commit, then run the GPU stages on a copy of the tree.
     result = json.loads(path.read_text()) | {"commit": machine.git_commit()}
+    result["command"] = _portable_command(result["command"])
     env_file = path.parent / "env.txt"
     env = env_file.read_text().splitlines() if env_file.exists() else []
     results_dir.mkdir(parents=True, exist_ok=True)
