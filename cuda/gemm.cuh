@@ -4,6 +4,7 @@
 // summed by one thread in ascending k, so results are deterministic. Any M, N, K (edges are zero-filled).
 #pragma once
 #include "common.cuh"
+#include "gemv.cuh"
 
 #define GEMM_BM 64
 #define GEMM_BN 64
@@ -59,6 +60,54 @@ gemm_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_
             const size_t o = (size_t)gm * N + gn;
             if (residual) v += residual[o];
             C[o] = v;
+        }
+    }
+}
+
+// Prefill of a few tokens (the request suffix after a cached catalog prefix): C[m, n] as gemm_bf16 computes
+// it, but shaped like the decode GEMV, which streams the weights once for up to GEMM_SKINNY_T tokens instead of
+// walking 64x64 tiles. Block (tg, rb): tokens tg*T .. tg*T+T-1 staged in shared memory (zeros past M), row groups
+// rb, rb + gridDim.y, ... of 8 rows, one warp per row; lane l reads 16-byte chunks l, l + 32, ... in ascending
+// order into T fp32 accumulators (gemv_fma_chunk's order), then each token's warp butterfly. A row's result
+// depends neither on the grid nor on the other tokens of its group. Dynamic shared memory T * K * 4 bytes.
+#define GEMM_SKINNY_T 8
+
+extern "C" __global__ void __launch_bounds__(256)
+gemm_skinny_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
+                 const float* residual, float* C, int M, int N, int K) {
+    pdl_enter();
+    extern __shared__ float4 xs4_t[];
+    const int k4 = K / 4, t0 = blockIdx.x * GEMM_SKINNY_T, nt = min(GEMM_SKINNY_T, M - t0);
+    const float4* a4 = reinterpret_cast<const float4*>(A + (size_t)t0 * K);
+    for (int e = threadIdx.x; e < GEMM_SKINNY_T * k4; e += blockDim.x)
+        xs4_t[e] = e < nt * k4 ? a4[e] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    __syncthreads();
+    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, chunks = K / 8;
+    const int groups = (N + GEMV_WARPS - 1) / GEMV_WARPS;
+    for (int g = blockIdx.y; g < groups; g += gridDim.y) {
+        const int n = g * GEMV_WARPS + warp;
+        if (n >= N) continue;  // warp-uniform; no barrier follows
+        const uint4* wrow = reinterpret_cast<const uint4*>(W + (size_t)n * K);
+        float acc[GEMM_SKINNY_T];
+#pragma unroll
+        for (int t = 0; t < GEMM_SKINNY_T; ++t) acc[t] = 0.0f;
+#pragma unroll 2
+        for (int c = lane; c < chunks; c += TT_WARP) {
+            const uint4 w = __ldg(wrow + c);  // kept in L2 for the other token groups of these rows
+#pragma unroll
+            for (int t = 0; t < GEMM_SKINNY_T; ++t)
+                acc[t] = gemv_fma_chunk(acc[t], w, xs4_t[t * k4 + 2 * c], xs4_t[t * k4 + 2 * c + 1]);
+        }
+#pragma unroll
+        for (int t = 0; t < GEMM_SKINNY_T; ++t) {
+            const float sum = warp_sum(acc[t]);
+            if (lane == 0 && t < nt) {
+                float out = sum;
+                if (bias) out += bf16_to_float(bias[n]);
+                const size_t o = (size_t)(t0 + t) * N + n;
+                if (residual) out += residual[o];
+                C[o] = out;
+            }
         }
     }
 }

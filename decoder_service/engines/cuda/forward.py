@@ -29,6 +29,8 @@ GEMV_MAX_BLOCKS = 2 * 132
 # longer rows are unmeasured and keep two.
 GEMV_SPLIT_MIN_K = 8192
 GEMM_TILE = 64  # GEMM_BM == GEMM_BN in cuda/gemm.cuh
+SKINNY_TOKENS = 8  # GEMM_SKINNY_T: tokens per block of the skinny prefill kernel (cuda/gemm.cuh)
+SKINNY_MAX_TOKENS = 64  # prefills of at most this many tokens use it (request suffixes); longer ones, the tiled GEMM
 ATTN_THREADS = 256
 ATTN_CHUNK = 64  # positions per partial of the decode attention (cuda/attention_decode.cuh)
 ATTN_SPLIT_BLOCKS = 16  # blocks per head of the decode attention; each takes every 16th chunk
@@ -118,6 +120,9 @@ class CudaModel:
                     f"{(MAX_SHARED_PER_BLOCK - 1024) // F32}"
                 )
             module.kernel("gemv_bf16").set_max_dynamic_shared(gemv_shared)
+        skinny_shared = SKINNY_TOKENS * max(c.hidden_size, self.q_width, c.intermediate_size) * F32
+        if DEFAULT_SHARED_LIMIT < skinny_shared <= MAX_SHARED_PER_BLOCK:
+            module.kernel("gemm_skinny_bf16").set_max_dynamic_shared(skinny_shared)
         self.length = 0  # positions held in the KV cache
         self._decode, self._decode_pos_args = self._build(1, tokens_ptr=self.token.ptr, pos=0)
 
@@ -396,7 +401,28 @@ class CudaModel:
         )
 
     def _gemm(self, w: int, x: int, bias: int, residual: int, y: int, m: int, n_out: int, k_in: int) -> Launch:
-        """y[m, n_out] = x[m, k_in] @ W.T (+ bias) (+ residual) with the tiled GEMM (prefill)."""
+        """y[m, n_out] = x[m, k_in] @ W.T (+ bias) (+ residual) for prefill: a few tokens (a request suffix) with
+        the skinny kernel that streams the weights once per 8 tokens, more with the tiled GEMM."""
+        if m <= SKINNY_MAX_TOKENS and SKINNY_TOKENS * k_in * F32 <= MAX_SHARED_PER_BLOCK:
+            token_groups = -(-m // SKINNY_TOKENS)
+            row_groups = -(-n_out // GEMV_WARPS)
+            grid = (token_groups, min(row_groups, max(1, GEMV_MAX_BLOCKS // token_groups)), 1)
+            return Launch(
+                self.module.kernel("gemm_skinny_bf16"),
+                grid,
+                (THREADS, 1, 1),
+                [
+                    ("ptr", x),
+                    ("ptr", w),
+                    ("ptr", bias),
+                    ("ptr", residual),
+                    ("ptr", y),
+                    ("i32", m),
+                    ("i32", n_out),
+                    ("i32", k_in),
+                ],
+                shared_bytes=SKINNY_TOKENS * k_in * F32,
+            )
         grid = (-(-n_out // GEMM_TILE), -(-m // GEMM_TILE), 1)
         return Launch(
             self.module.kernel("gemm_bf16"),

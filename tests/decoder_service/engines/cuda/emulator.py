@@ -345,6 +345,12 @@ class FakeDriver:
         assert grid[0] * 64 >= a.N and grid[1] * 64 >= a.M, "GEMM grid does not cover the output"
         self._linear(a, a.M, self.view(a.A, np.float32, a.M * a.K).reshape(a.M, a.K), a.C)
 
+    def k_gemm_skinny_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        assert grid[0] * 8 >= a.M and a.M <= 64, "skinny GEMM token groups do not cover the tokens"
+        assert 1 <= grid[1] <= -(-a.N // 8), "skinny GEMM needs between 1 and one block per row group"
+        assert shared >= 8 * 4 * a.K, "skinny GEMM stages 8 token rows in shared memory"
+        self._linear(a, a.M, self.view(a.A, np.float32, a.M * a.K).reshape(a.M, a.K), a.C)
+
     def k_qk_norm_rope_cache(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         t, hd, h, kv = grid[0], a.head_dim, a.n_heads, a.n_kv_heads
         assert grid[1] == h + kv and block[0] == max(32, hd)

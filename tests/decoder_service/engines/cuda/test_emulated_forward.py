@@ -35,10 +35,26 @@ def test_emulated_model_matches_transformers(fake_driver: FakeDriver, shape: str
     report = compare_greedy(model, hf_model, prompt, new_tokens=4)
     assert report["rel_err"] <= 1e-4, report
     assert report["token_mismatches"] == 0, report
-    # 13 prompt tokens in chunks of 8 take two prefills; the tiled GEMM serves both.
-    assert fake_driver.launches.count("gemm_bf16") == 2 * 4 * cfg.num_layers
+    # 13 prompt tokens in chunks of 8 take two prefills; both are short enough for the skinny kernel.
+    assert fake_driver.launches.count("gemm_skinny_bf16") == 2 * 4 * cfg.num_layers
+    assert fake_driver.launches.count("gemm_bf16") == 0
     assert fake_driver.launches.count("gemv_bf16") == 3 * (4 * cfg.num_layers + 1) + 2  # decode steps + heads
     assert model.length == 13 + 3
+
+
+def test_long_prefill_uses_the_tiled_gemm(fake_driver: FakeDriver) -> None:
+    from decoder_service.engines.cuda.forward import SKINNY_MAX_TOKENS, CudaModel
+    from decoder_service.engines.cuda.module import Module
+
+    cfg = SHAPES["tiny-qwen3"]
+    hf_model, weights = build_reference(cfg, seed=7)
+    model = CudaModel(cfg, weights, Module(b"cubin"), max_context=128, max_prefill=128)
+    prompt = [(5 * i * i + 7 * i + 3) % cfg.vocab_size for i in range(SKINNY_MAX_TOKENS + 6)]
+    report = compare_greedy(model, hf_model, prompt, new_tokens=2)
+    assert report["rel_err"] <= 1e-4, report
+    assert report["token_mismatches"] == 0, report
+    assert fake_driver.launches.count("gemm_bf16") == 4 * cfg.num_layers
+    assert fake_driver.launches.count("gemm_skinny_bf16") == 0
 
 
 def test_model_rejects_wrong_weight_shape(fake_driver: FakeDriver) -> None:

@@ -278,6 +278,68 @@ def test_gemm(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_in: i
     check(f"gemm/{m}x{n_out}x{k_in}", dev.get(out, F32, (m, n_out)), ref.linear(x, w, b, r))
 
 
+@pytest.mark.parametrize(("m", "n_out", "k_in"), [(1, 130, 200), (13, 2048, 576), (64, 520, 6144), (8, 33, 64)])
+def test_gemm_skinny(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_in: int) -> None:
+    """The few-token prefill kernel against float64; any grid gives the same bits, and each token's row has the
+    bits of the decode GEMV (one warp per row) on that token alone."""
+    wbits, w = bf16_random(rng, (n_out, k_in), 0.05)
+    bbits, b = bf16_random(rng, n_out, 0.5)
+    x = rng.standard_normal((m, k_in)).astype(F32)
+    r = rng.standard_normal((m, n_out)).astype(F32)
+    wb, xb, bb, rb = dev.put(wbits), dev.put(x), dev.put(bbits), dev.put(r)
+    shared = 8 * 4 * k_in
+    if shared > 48 * 1024:
+        dev.module.kernel("gemm_skinny_bf16").set_max_dynamic_shared(shared)
+    outs = []
+    for row_blocks in (-(-n_out // 8), 3):
+        out = dev.poisoned(m * n_out)
+        dev.launch(
+            "gemm_skinny_bf16",
+            (-(-m // 8), row_blocks, 1),
+            (256, 1, 1),
+            [
+                ("ptr", xb.ptr),
+                ("ptr", wb.ptr),
+                ("ptr", bb.ptr),
+                ("ptr", rb.ptr),
+                ("ptr", out.ptr),
+                ("i32", m),
+                ("i32", n_out),
+                ("i32", k_in),
+            ],
+            shared=shared,
+        )
+        outs.append(dev.get(out, F32, (m, n_out)))
+    check(f"gemm_skinny/{m}x{n_out}x{k_in}", outs[0], ref.linear(x, w, b, r))
+    assert np.array_equal(outs[0], outs[1])
+    t = m - 1  # the last token, alone, through the decode GEMV
+    y = dev.put(r[t].copy())
+    if 4 * k_in > 48 * 1024:
+        dev.module.kernel("gemv_bf16").set_max_dynamic_shared(4 * k_in)
+    dev.launch(
+        "gemv_bf16",
+        (-(-n_out // 8), 1, 1),
+        (256, 1, 1),
+        [
+            ("ptr", wb.ptr),
+            ("ptr", dev.put(x[t].copy()).ptr),
+            ("ptr", 0),
+            ("i32", 0),
+            ("f32", 1e-6),
+            ("ptr", bb.ptr),
+            ("ptr", y.ptr),
+            ("ptr", y.ptr),
+            ("i32", n_out),
+            ("i32", k_in),
+            ("i32", 1),
+        ],
+        shared=4 * k_in,
+    )
+    same = np.array_equal(dev.get(y, F32, n_out), outs[0][t])
+    record("kernel", f"gemm_skinny/equals-decode-gemv/{m}x{n_out}x{k_in}", exact=same)
+    assert same
+
+
 @pytest.mark.parametrize(
     ("hd", "qk_norm", "device_pos"), [(64, True, False), (128, True, True), (128, False, False), (64, False, True)]
 )
