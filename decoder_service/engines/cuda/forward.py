@@ -403,42 +403,24 @@ class CudaModel:
     def _gemm(self, w: int, x: int, bias: int, residual: int, y: int, m: int, n_out: int, k_in: int) -> Launch:
         """y[m, n_out] = x[m, k_in] @ W.T (+ bias) (+ residual) for prefill: a few tokens (a request suffix) with
         the skinny kernel that streams the weights once per 8 tokens, more with the tiled GEMM."""
+        args: list[tuple[str, int | float]] = [
+            ("ptr", x),
+            ("ptr", w),
+            ("ptr", bias),
+            ("ptr", residual),
+            ("ptr", y),
+            ("i32", m),
+            ("i32", n_out),
+            ("i32", k_in),
+        ]
         if m <= SKINNY_MAX_TOKENS and SKINNY_TOKENS * k_in * F32 <= MAX_SHARED_PER_BLOCK:
             token_groups = -(-m // SKINNY_TOKENS)
             row_groups = -(-n_out // GEMV_WARPS)
             grid = (token_groups, min(row_groups, max(1, GEMV_MAX_BLOCKS // token_groups)), 1)
-            return Launch(
-                self.module.kernel("gemm_skinny_bf16"),
-                grid,
-                (THREADS, 1, 1),
-                [
-                    ("ptr", x),
-                    ("ptr", w),
-                    ("ptr", bias),
-                    ("ptr", residual),
-                    ("ptr", y),
-                    ("i32", m),
-                    ("i32", n_out),
-                    ("i32", k_in),
-                ],
-                shared_bytes=SKINNY_TOKENS * k_in * F32,
-            )
+            skinny = self.module.kernel("gemm_skinny_bf16")
+            return Launch(skinny, grid, (THREADS, 1, 1), args, shared_bytes=SKINNY_TOKENS * k_in * F32)
         grid = (-(-n_out // GEMM_TILE), -(-m // GEMM_TILE), 1)
-        return Launch(
-            self.module.kernel("gemm_bf16"),
-            grid,
-            (THREADS, 1, 1),
-            [
-                ("ptr", x),
-                ("ptr", w),
-                ("ptr", bias),
-                ("ptr", residual),
-                ("ptr", y),
-                ("i32", m),
-                ("i32", n_out),
-                ("i32", k_in),
-            ],
-        )
+        return Launch(self.module.kernel("gemm_bf16"), grid, (THREADS, 1, 1), args)
 
     # -- running ------------------------------------------------------------------------------------------
     def reset(self) -> None:
