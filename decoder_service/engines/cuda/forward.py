@@ -21,8 +21,9 @@ from decoder_service.models.config import ModelConfig
 F32 = 4
 THREADS = 256
 GEMV_WARPS = 8  # warps per GEMV block (cuda/gemv.cuh)
-# GEMV blocks stream row groups (cuda/gemv.cuh): two resident 256-thread blocks (100 registers a thread) on each
-# of an H200's 132 SMs. The grid changes no result, only how the rows are spread over the SMs.
+# GEMV blocks stream row groups (cuda/gemv.cuh): two resident 256-thread blocks (at most 128 registers a thread) on
+# each of an H200's 132 SMs; 264 blocks measured fastest against 132, 396 and 528 (docs/cuda-speed-notes.md).
+# The grid changes no result, only how the rows are spread over the SMs.
 GEMV_MAX_BLOCKS = 2 * 132
 # Rows at least this long are shared by two warps. Measured on an H200 with the Qwen3-1.7B shape, the MLP down
 # GEMV (6,144-wide rows) is faster with one warp per row once the batch past the prefetch is requested early;
