@@ -38,6 +38,16 @@ class _Ok:
     CUDA_ERROR_NOT_READY = 600
 
 
+def install_fake_driver(monkeypatch: Any, heap_bytes: int = 64 << 20) -> FakeDriver:
+    """Stand a FakeDriver in for ``cuda.bindings.driver`` for one test (``monkeypatch`` undoes it)."""
+    from decoder_service.engines.cuda import driver
+
+    fake = FakeDriver(heap_bytes=heap_bytes)
+    monkeypatch.setattr(driver, "cu", fake)
+    monkeypatch.setattr(driver, "_context", None)
+    return fake
+
+
 class FakeDriver:
     """The subset of cuda.bindings.driver the engine calls, every call returning (CUresult, values...)."""
 

@@ -11,8 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from decoder_service.engines.base import DecodeError, Engine
-from decoder_service.engines.cuda import driver
-from tests.decoder_service.engines.cuda.emulator import FakeDriver
+from tests.decoder_service.engines.cuda.emulator import FakeDriver, install_fake_driver
 from tests.decoder_service.engines.test_engine_contract import (  # noqa: F401  (collected here as well)
     test_allowed_subset_narrows_the_answer,
     test_greedy_choice_and_score_against_fresh_forward,
@@ -24,10 +23,7 @@ from tests.decoder_service.engines.test_engine_contract import (  # noqa: F401  
 
 @pytest.fixture
 def fake_driver(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
-    fake = FakeDriver(heap_bytes=256 << 20)
-    monkeypatch.setattr(driver, "cu", fake)
-    monkeypatch.setattr(driver, "_context", None)
-    return fake
+    return install_fake_driver(monkeypatch, heap_bytes=256 << 20)
 
 
 @pytest.fixture

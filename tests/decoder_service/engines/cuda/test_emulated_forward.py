@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from decoder_service.engines.cuda import driver
-from tests.decoder_service.engines.cuda.emulator import FakeDriver
+from tests.decoder_service.engines.cuda.emulator import FakeDriver, install_fake_driver
 from tests.decoder_service.engines.cuda.hf_models import SHAPES, build_reference, compare_greedy
 
 pytest.importorskip("torch")
@@ -17,10 +16,7 @@ pytest.importorskip("transformers")
 
 @pytest.fixture
 def fake_driver(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
-    fake = FakeDriver()
-    monkeypatch.setattr(driver, "cu", fake)
-    monkeypatch.setattr(driver, "_context", None)
-    return fake
+    return install_fake_driver(monkeypatch)
 
 
 @pytest.mark.parametrize("shape", ["tiny-qwen3", "tiny-qwen2-hd128-untied", "tiny-llama-untied"])

@@ -253,6 +253,12 @@ def test_gemv_grid_changes_no_bits(
     assert same
 
 
+def _gemm_args(x, w, bias, residual, out, m: int, n_out: int, k_in: int) -> list[tuple[str, int | float]]:
+    """The argument list gemm_bf16 and gemm_skinny_bf16 share."""
+    pointers = [("ptr", buf.ptr) for buf in (x, w, bias, residual, out)]
+    return [*pointers, ("i32", m), ("i32", n_out), ("i32", k_in)]
+
+
 @pytest.mark.parametrize(("m", "n_out", "k_in"), [(70, 130, 200), (200, 2048, 576), (2, 33, 64)])
 def test_gemm(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_in: int) -> None:
     wbits, w = bf16_random(rng, (n_out, k_in), 0.05)
@@ -264,16 +270,7 @@ def test_gemm(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_in: i
         "gemm_bf16",
         (-(-n_out // 64), -(-m // 64), 1),
         (256, 1, 1),
-        [
-            ("ptr", xb.ptr),
-            ("ptr", wb.ptr),
-            ("ptr", bb.ptr),
-            ("ptr", rb.ptr),
-            ("ptr", out.ptr),
-            ("i32", m),
-            ("i32", n_out),
-            ("i32", k_in),
-        ],
+        _gemm_args(xb, wb, bb, rb, out, m, n_out, k_in),
     )
     check(f"gemm/{m}x{n_out}x{k_in}", dev.get(out, F32, (m, n_out)), ref.linear(x, w, b, r))
 
@@ -297,16 +294,7 @@ def test_gemm_skinny(dev: Device, rng: np.random.Generator, m: int, n_out: int, 
             "gemm_skinny_bf16",
             (-(-m // 8), row_blocks, 1),
             (256, 1, 1),
-            [
-                ("ptr", xb.ptr),
-                ("ptr", wb.ptr),
-                ("ptr", bb.ptr),
-                ("ptr", rb.ptr),
-                ("ptr", out.ptr),
-                ("i32", m),
-                ("i32", n_out),
-                ("i32", k_in),
-            ],
+            _gemm_args(xb, wb, bb, rb, out, m, n_out, k_in),
             shared=shared,
         )
         outs.append(dev.get(out, F32, (m, n_out)))

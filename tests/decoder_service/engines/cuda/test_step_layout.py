@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from decoder_service.engines.cuda import driver, forward, step
-from tests.decoder_service.engines.cuda.emulator import CUDA_DIR, FakeDriver
+from decoder_service.engines.cuda import forward, step
+from tests.decoder_service.engines.cuda.emulator import CUDA_DIR, FakeDriver, install_fake_driver
 from tests.decoder_service.engines.cuda.synthetic_tries import random_catalog, trie_from_sequences
 
 
@@ -52,10 +52,7 @@ def test_control_init_words() -> None:
 
 @pytest.fixture
 def fake_driver(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
-    fake = FakeDriver()
-    monkeypatch.setattr(driver, "cu", fake)
-    monkeypatch.setattr(driver, "_context", None)
-    return fake
+    return install_fake_driver(monkeypatch)
 
 
 def test_trie_placement_follows_the_constant_bank(fake_driver: FakeDriver) -> None:
