@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,7 +33,7 @@ from decoder_service.engines.cuda.module import Launch, Module  # noqa: E402
 from decoder_service.engines.cuda.weights import weight_bytes  # noqa: E402
 from decoder_service.models.config import ModelConfig  # noqa: E402
 from decoder_service.models.weights import expected_shapes  # noqa: E402
-from tooltrie.cuda_build import build_cubin, cuda_sources_sha256  # noqa: E402
+from tooltrie.cuda_build import build_cubin, cuda_sources_sha256, find_nvcc  # noqa: E402
 
 QWEN3_1_7B = ModelConfig("qwen3", 151936, 2048, 6144, 28, 16, 8, 128, 1e-6, 1e6, 40960, True)
 
@@ -151,6 +153,46 @@ def gemv_split_sweep(stream: Stream, launches: list[Launch], label: str, splits:
     return out
 
 
+def prefix_costs(stream: Stream, launches: list[Launch], count: int) -> list[dict[str, float | str]]:
+    """Marginal cost of each of the step's first ``count`` launches in context: graph time of launches[:j+1]
+    minus that of launches[:j] (programmatic edges included, so a launch's share of the overlap counts once)."""
+    out, before = [], 0.0
+    for j in range(min(count, len(launches))):
+        ms = graph_ms(stream, launches[: j + 1], 100)
+        out.append({"launch": launches[j].label, "us": (ms - before) * 1e3})
+        before = ms
+    return out
+
+
+def alone_costs(stream: Stream, launches: list[Launch], repeats: int = 100) -> dict[str, float]:
+    """Microseconds per launch of each of layer 0's kernels replayed ``repeats`` times back to back in one graph
+    (its inputs and weights stay in L2): what a kernel costs when nothing around it is cold."""
+    out = {}
+    for launch in launches[1:6]:  # embedding, then layer 0: qkv, attention, o, gate_up, down
+        out[launch.label] = graph_ms(stream, [launch] * repeats, 20) * 1e3 / repeats
+    return out
+
+
+def sync_cost() -> dict[str, object]:
+    """Build and run bench/gpu_sync_cost.cu: microseconds per dependent launch (plain and programmatic) and per
+    grid-wide barrier on this GPU. Empty when nvcc or the run fails (the reason is kept)."""
+    source = REPO / "bench" / "gpu_sync_cost.cu"
+    nvcc = find_nvcc()
+    if nvcc is None:
+        return {"skipped": "nvcc not found"}
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = Path(tmp) / "gpu_sync_cost"
+        built = subprocess.run(
+            [nvcc, "-arch=sm_90", "-O3", "-o", str(exe), str(source)], capture_output=True, text=True
+        )
+        if built.returncode != 0:
+            return {"skipped": f"nvcc failed: {built.stderr[-500:]}"}
+        ran = subprocess.run([str(exe)], capture_output=True, text=True)
+        if ran.returncode != 0:
+            return {"skipped": f"run failed: {ran.stderr[-500:]}"}
+        return json.loads(ran.stdout)
+
+
 def write_report(run_dir: Path, results_dir: Path) -> None:
     """Fold one gpu_run.sh output folder into results/gpu.json and results/gpu.md."""
     env_lines = (run_dir / "env.txt").read_text().splitlines()
@@ -251,6 +293,33 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
             f"Whole-step time with the MLP down GEMV's rows shared by 1, 2 or 4 warps (built: {splits['built']}; "
             f"timing only, the reduction order differs): {cells}.",
         ]
+    prefix = b.get("prefix_marginal_us")
+    if prefix:
+        lines += [
+            "",
+            "Marginal cost of each of the step's first launches in context (graph of launches[:j+1] minus graph of",
+            "launches[:j], with programmatic launch), and of layer 0's kernels each replayed 100 times back to back",
+            "(weights and inputs warm in L2):",
+            "",
+            "| launch | layer 0 (µs) | layer 1 (µs) | layer 2 (µs) | alone, warm (µs) |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        alone = b.get("alone_us_per_launch", {})
+        for j in range(1, 6):
+            label = prefix[j]["launch"]
+            cells = " | ".join(
+                f"{prefix[j + 5 * layer]['us']:.2f}" for layer in range(3) if j + 5 * layer < len(prefix)
+            )
+            lines.append(f"| {label} | {cells} | {alone.get(label, float('nan')):.2f} |")
+    sync = b.get("sync_cost_us")
+    if sync and "us_per_pdl_launch" in sync:
+        lines += [
+            "",
+            f"Synchronisation between dependent phases ({sync['phases']} phases of {sync['blocks']} blocks of "
+            f"{sync['threads']} threads, `bench/gpu_sync_cost.cu`): {sync['us_per_launch']:.2f} µs per plain "
+            f"launch, {sync['us_per_pdl_launch']:.2f} µs per programmatic launch, {sync['us_per_grid_barrier']:.2f} "
+            "µs per grid-wide barrier inside one persistent kernel.",
+        ]
     lines += [
         "",
         "Notes:",
@@ -274,7 +343,13 @@ def main() -> int:
     parser.add_argument("--cubin", type=Path, default=os.environ.get("TOOLTRIE_CUBIN"))
     parser.add_argument("--prompt", type=int, default=200)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument(
+        "--sweeps",
+        default="breakdown,grid,split,prefix,alone,sync",
+        help="comma-separated step-time studies: breakdown, grid, split, prefix, alone, sync (default: all)",
+    )
     args = parser.parse_args()
+    sweeps = set(args.sweeps.split(",")) - {""}
     if args.report:
         write_report(args.report, args.results)
         return 0
@@ -310,9 +385,12 @@ def main() -> int:
     model.set_decode_position(args.prompt)
     step = model.decode_launches
     step_ms = graph_ms(stream, step, 50)
-    parts = breakdown(stream, step, step_ms)
-    sweep = gemv_grid_sweep(stream, step, [132, 264, 396, 528])
-    down_splits = gemv_split_sweep(stream, step, "gemv:down", [1, 2, 4])
+    parts = breakdown(stream, step, step_ms) if "breakdown" in sweeps else {}
+    sweep = gemv_grid_sweep(stream, step, [132, 264, 396, 528]) if "grid" in sweeps else {}
+    down_splits = gemv_split_sweep(stream, step, "gemv:down", [1, 2, 4]) if "split" in sweeps else {}
+    prefix = prefix_costs(stream, step, 16) if "prefix" in sweeps else []
+    alone = alone_costs(stream, step) if "alone" in sweeps else {}
+    sync = sync_cost() if "sync" in sweeps else {}
     head = next(launch for launch in step if launch.label == "gemv:head")
     head_ms = time_events(stream, lambda: head(stream), 20)
 
@@ -345,6 +423,9 @@ def main() -> int:
         "graph_step_breakdown": parts,
         "gemv_grid_sweep_ms_per_token": sweep,
         "gemv_down_warps_per_row_sweep_ms_per_token": down_splits,
+        "prefix_marginal_us": prefix,
+        "alone_us_per_launch": alone,
+        "sync_cost_us": sync,
         "tokens_head": tokens[:8],
     }
     model.free()

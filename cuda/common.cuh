@@ -31,6 +31,24 @@ __device__ __forceinline__ void pdl_enter() {
     pdl_wait();
 }
 
+// Timing probes for diagnosis, compiled only with -DTT_TRACE (bench/gpu_trace_attention.py builds such a cubin;
+// the product's cubin has none): TT_MARK(slot) stores the global nanosecond timer and the SM clock of thread 0.
+#ifdef TT_TRACE
+#define TT_TRACE_SLOTS 8192
+__device__ unsigned long long tt_trace[TT_TRACE_SLOTS][2];
+#define TT_MARK(slot)                                                                  \
+    do {                                                                               \
+        if (threadIdx.x == 0 && (slot) < TT_TRACE_SLOTS) {                             \
+            unsigned long long ns;                                                     \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns)::"memory");                  \
+            tt_trace[(slot)][0] = ns;                                                  \
+            tt_trace[(slot)][1] = clock64();                                           \
+        }                                                                              \
+    } while (0)
+#else
+#define TT_MARK(slot) ((void)(slot))
+#endif
+
 // bf16 -> fp32 is exact: the 16 bits are the top half of an fp32.
 __device__ __forceinline__ float bf16_to_float(bf16_t v) { return __uint_as_float(((uint32_t)v) << 16); }
 

@@ -135,6 +135,7 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
     __syncthreads();
 }
 
+#define GEMV_TRACE_SLOT 4096  // TT_MARK slots of block b: 4096 + 4b .. 4096 + 4b + 3 (-DTT_TRACE)
 #define GEMV_PREFETCH 8  // 16-byte chunks per lane loaded before the input is staged (a whole 2048-wide row)
 
 // acc += the 8 products of one 16-byte weight chunk with its 8 staged inputs, in ascending order.
@@ -244,13 +245,24 @@ gemv_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_
     int g = blockIdx.x, n = g * rows + slot;
     const uint4* wrow = reinterpret_cast<const uint4*>(W + (size_t)min(n, N - 1) * K);
     GemvPrefetch pf = gemv_prefetch(wrow, n < N ? K : 0, part, lane, warps_per_row);
+    // The lane that writes a row loads its bias and residual ahead of the dot product, so neither costs a round
+    // trip after it (the additions are unchanged). The bias is a weight: read before the wait.
+    const bool writer = part == 0 && lane == 0;
+    float b_cur = writer && bias && n < N ? bf16_to_float(bias[n]) : 0.0f;
+    TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4);
     pdl_enter();  // only weights were read so far; the input may still be in the making
+    TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 1);
+    float r_cur = writer && residual && n < N ? residual[(size_t)t * N + n] : 0.0f;
     gemv_stage_input(xs4, x + (size_t)t * K * (x_mode == GEMV_IN_SWIGLU ? 2 : 1), norm_w, x_mode, eps, K, scratch);
+    TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 2);
 
     for (int it = 0; g < groups; g += gridDim.x, ++it) {
         const int n_next = (g + gridDim.x) * rows + slot;
         const uint4* wrow_next = reinterpret_cast<const uint4*>(W + (size_t)min(n_next, N - 1) * K);
         const GemvPrefetch pf_next = gemv_prefetch(wrow_next, n_next < N ? K : 0, part, lane, warps_per_row);
+        // rows are owned by one block each, so the next row's residual is not this row's output
+        const float b_next = writer && bias && n_next < N ? bf16_to_float(bias[n_next]) : 0.0f;
+        const float r_next = writer && residual && n_next < N ? residual[(size_t)t * N + n_next] : 0.0f;
         float acc = 0.0f;
         if (n < N) acc = gemv_row_dot_from(pf, wrow, xs4, K, part, lane, warps_per_row);
         if (warps_per_row > 1) {  // uniform across the block
@@ -259,14 +271,16 @@ gemv_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_
             if (part == 0 && lane == 0)
                 for (int p = 1; p < warps_per_row; ++p) acc += parts[it & 1][warp + p];  // ascending part order
         }
-        if (n < N && part == 0 && lane == 0) {
-            if (bias) acc += bf16_to_float(bias[n]);
-            const size_t o = (size_t)t * N + n;
-            if (residual) acc += residual[o];
-            y[o] = acc;
+        if (n < N && writer) {
+            if (bias) acc += b_cur;
+            if (residual) acc += r_cur;
+            y[(size_t)t * N + n] = acc;
         }
+        b_cur = b_next;
+        r_cur = r_next;
         pf = pf_next;
         wrow = wrow_next;
         n = n_next;
     }
+    TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 3);
 }

@@ -2,23 +2,23 @@
 // qkv holds, per token, q (n_heads * head_dim), then k and v (n_kv_heads * head_dim each), the layout of
 // the fused q|k|v weight. qk_norm_rope_cache (prefill) rotates q heads in place, rotates k heads into k_cache
 // and copies the matching v head to v_cache, at absolute position pos0 + t; decode attention
-// (attention_decode.cuh) calls head_norm_rope itself. Caches are fp32 [max_ctx, n_kv_heads, head_dim].
+// (attention_decode.cuh) calls head_norm_rope_values itself. Caches are fp32 [max_ctx, n_kv_heads, head_dim].
 #pragma once
 #include "common.cuh"
 
-// One head vector normalised (norm_w: its RMSNorm weights, or nullptr to skip: Llama, Qwen2) and rotated
-// (Hugging Face: inv_freq = 1 / theta^(2i/d) in fp32, angle = pos * inv_freq, rotate_half). Thread d < head_dim
-// receives element d (others 0). Every thread of the block calls it (block_sum); whatever the block size, the
-// sum of squares is bit-identical (absent warps add zeros). `head` is head_dim floats of shared scratch.
-__device__ __forceinline__ float head_norm_rope(const float* __restrict__ src, const bf16_t* __restrict__ norm_w,
-                                                int pos, int head_dim, float theta, float eps, float* head,
-                                                float* scratch) {
+// One head vector normalised (has_norm: with RMSNorm weights, Qwen3; without: Llama, Qwen2) and rotated (Hugging
+// Face: inv_freq = 1 / theta^(2i/d) in fp32, angle = pos * inv_freq, rotate_half). Thread d < head_dim passes
+// element d as `v` and its norm weight as `norm_wd` (both loaded by the caller, so they can travel with other
+// loads; others pass 0) and receives element d (others 0). Every thread of the block calls it (block_sum);
+// whatever the block size, the sum of squares is bit-identical (absent warps add zeros). `head` is head_dim floats
+// of shared scratch.
+__device__ __forceinline__ float head_norm_rope_values(float v, bool has_norm, float norm_wd, int pos, int head_dim,
+                                                       float theta, float eps, float* head, float* scratch) {
     const int d = threadIdx.x;
     const bool active = d < head_dim;  // blocks have whole warps; head_dim may be 16
-    float v = active ? src[d] : 0.0f;
-    if (norm_w) {
+    if (has_norm) {
         const float ss = block_sum(v * v, scratch);
-        if (active) v = v * rsqrtf(ss / (float)head_dim + eps) * bf16_to_float(norm_w[d]);
+        if (active) v = v * rsqrtf(ss / (float)head_dim + eps) * norm_wd;
     }
     if (active) head[d] = v;
     __syncthreads();
@@ -32,6 +32,16 @@ __device__ __forceinline__ float head_norm_rope(const float* __restrict__ src, c
     }
     __syncthreads();  // head is free again
     return out;
+}
+
+// The same, loading element d of src and of norm_w (nullptr: no norm) itself.
+__device__ __forceinline__ float head_norm_rope(const float* __restrict__ src, const bf16_t* __restrict__ norm_w,
+                                                int pos, int head_dim, float theta, float eps, float* head,
+                                                float* scratch) {
+    const bool active = threadIdx.x < head_dim;
+    const float v = active ? src[threadIdx.x] : 0.0f;
+    const float w = active && norm_w ? bf16_to_float(norm_w[threadIdx.x]) : 0.0f;
+    return head_norm_rope_values(v, norm_w != nullptr, w, pos, head_dim, theta, eps, head, scratch);
 }
 
 // Prefill: grid (n_tokens, n_heads + n_kv_heads), block max(32, head_dim) threads.

@@ -8,6 +8,7 @@
 #   pytest-junit.xml     per-test results;  pytest.log: the run's output
 #   metrics.jsonl        measured errors per kernel and model, gate results, CPU parity, one JSON object a line
 #   bench_gpu_decode.json, bench_gpu_forward.json, bench.log   constrained and unconstrained decode timings
+#   trace_attention.json  timestamps inside one layer's attention and o GEMV (a -DTT_TRACE build of the kernels)
 #   e2e.log              `tooltrie up --once --engine cuda` on a tiny synthetic Qwen3: registry, decoder, decodes
 #   bench_gpu_side_by_side.json, side_by_side.log   real tokenizer and catalogs, beside transformers and the floor
 # STAGES (default "engine kernels bench side e2e") picks what runs: engine = tests/.../test_engine_gpu.py,
@@ -53,7 +54,8 @@ case " $STAGES " in *" bench "*)
   "$PY" bench/gpu_decode.py --out "$OUT/bench_gpu_decode.json" 2>&1 | tee "$OUT/bench.log"
   bench_rc=${PIPESTATUS[0]}
   "$PY" bench/gpu_forward.py --out "$OUT/bench_gpu_forward.json" 2>&1 | tee -a "$OUT/bench.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || bench_rc=1 ;;
+  [ "${PIPESTATUS[0]}" -eq 0 ] || bench_rc=1
+  "$PY" bench/gpu_trace_attention.py --out "$OUT/trace_attention.json" >> "$OUT/bench.log" 2>&1 || bench_rc=1 ;;
 esac
 case " $STAGES " in *" side "*)
   "$PY" bench/gpu_side_by_side.py --out "$OUT/bench_gpu_side_by_side.json" 2>&1 | tee "$OUT/side_by_side.log"

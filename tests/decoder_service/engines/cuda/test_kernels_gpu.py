@@ -411,6 +411,7 @@ def test_attention(dev: Device, rng: np.random.Generator, hd: int, t: int, pos0:
         (16, 1500, False, False),
         (128, 2047, True, True),
         (128, 63, True, True),
+        (256, 100, False, True),  # two rounds of V loads per chunk
     ],
 )
 def test_decode_attention(
