@@ -173,6 +173,39 @@ def alone_costs(stream: Stream, launches: list[Launch], repeats: int = 100) -> d
     return out
 
 
+def prefill_study(stream: Stream, model: CudaModel, prefix: int, suffix: int) -> dict[str, object]:
+    """Where a request suffix's prefill spends its time: building its launch list on the host, the whole call
+    (build, launches, wait), the launch list alone on the GPU (captured once, replayed), and each kernel's share
+    of that (the graph without the kernel's launches)."""
+    tokens = np.random.default_rng(2).integers(0, model.config.vocab_size, suffix).astype(np.int32)
+    model.tokens.upload(tokens, stream)
+    t0 = time.perf_counter()
+    launches, _ = model._build(suffix, tokens_ptr=model.tokens.ptr, pos=prefix)
+    build_ms = (time.perf_counter() - t0) * 1e3
+    calls = []
+    for _ in range(5):
+        model.length = prefix
+        t0 = time.perf_counter()
+        model.prefill(tokens.tolist())
+        stream.synchronize()
+        calls.append((time.perf_counter() - t0) * 1e3)
+    graph = graph_ms(stream, launches, 20)
+    shares = {}
+    for label in sorted({launch.label for launch in launches}):
+        rest = [launch for launch in launches if launch.label != label]
+        shares[label] = {"launches": len(launches) - len(rest), "ms": graph - graph_ms(stream, rest, 20)}
+    model.length = prefix
+    return {
+        "prefix": prefix,
+        "suffix": suffix,
+        "launches": len(launches),
+        "host_build_ms": build_ms,
+        "call_ms_median": float(np.median(calls)),
+        "graph_ms": graph,
+        "graph_share_ms": shares,
+    }
+
+
 def sync_cost() -> dict[str, object]:
     """Build and run bench/gpu_sync_cost.cu: microseconds per dependent launch (plain and programmatic) and per
     grid-wide barrier on this GPU. Empty when nvcc or the run fails (the reason is kept)."""
@@ -320,6 +353,19 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
             f"launch, {sync['us_per_pdl_launch']:.2f} µs per programmatic launch, {sync['us_per_grid_barrier']:.2f} "
             "µs per grid-wide barrier inside one persistent kernel.",
         ]
+    pre = b.get("suffix_prefill")
+    if pre:
+        shares = ", ".join(
+            f"{label} {part['ms']:.2f} ms ({part['launches']})"
+            for label, part in sorted(pre["graph_share_ms"].items(), key=lambda kv: -kv[1]["ms"])
+        )
+        lines += [
+            "",
+            f"Prefill of a {pre['suffix']}-token request suffix after a {pre['prefix']}-token prefix: the call takes "
+            f"{pre['call_ms_median']:.1f} ms (median of 5; building its {pre['launches']} launches on the host "
+            f"{pre['host_build_ms']:.1f} ms), the same launches replayed as a graph {pre['graph_ms']:.1f} ms. Each "
+            f"kernel's share of the graph (launches): {shares}.",
+        ]
     lines += [
         "",
         "Notes:",
@@ -345,8 +391,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument(
         "--sweeps",
-        default="breakdown,grid,split,prefix,alone,sync",
-        help="comma-separated step-time studies: breakdown, grid, split, prefix, alone, sync (default: all)",
+        default="breakdown,grid,split,prefix,alone,sync,prefill",
+        help="comma-separated studies: breakdown, grid, split, prefix, alone, sync, prefill (default: all)",
     )
     args = parser.parse_args()
     sweeps = set(args.sweeps.split(",")) - {""}
@@ -391,6 +437,7 @@ def main() -> int:
     prefix = prefix_costs(stream, step, 16) if "prefix" in sweeps else []
     alone = alone_costs(stream, step) if "alone" in sweeps else {}
     sync = sync_cost() if "sync" in sweeps else {}
+    prefill_parts = prefill_study(stream, model, args.prompt, 36) if "prefill" in sweeps else {}
     head = next(launch for launch in step if launch.label == "gemv:head")
     head_ms = time_events(stream, lambda: head(stream), 20)
 
@@ -426,6 +473,7 @@ def main() -> int:
         "prefix_marginal_us": prefix,
         "alone_us_per_launch": alone,
         "sync_cost_us": sync,
+        "suffix_prefill": prefill_parts,
         "tokens_head": tokens[:8],
     }
     model.free()

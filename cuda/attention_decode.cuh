@@ -47,6 +47,19 @@ __device__ __forceinline__ void attn_load_v_col(float (&v)[ATTN_V_COL], const fl
         if (j0 + t0 + g + k * groups == pos) v[k] = vnew[d];
 }
 
+// Requests K and V rows j0 .. j0 + rows - 1 of kv head kvh into L2: thread t takes 128-byte line t % lines of rows
+// t / lines, t / lines + blockDim.x / lines, ...
+__device__ __forceinline__ void attn_prefetch_rows_l2(const float* k_cache, const float* v_cache, int j0, int rows,
+                                                      int kv_stride, int kvh, int head_dim) {
+    const int lines = max(1, head_dim / 32);  // 128-byte lines per row of one kv head
+    const int line = threadIdx.x % lines;
+    for (int r = threadIdx.x / lines; r < rows; r += blockDim.x / lines) {
+        const size_t at = (size_t)(j0 + r) * kv_stride + kvh * head_dim + line * 32;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(k_cache + at));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(v_cache + at));
+    }
+}
+
 // grid (n_heads, any number of blocks); block ATTN_SPLIT_THREADS. partial holds n_heads * max_chunks records of
 // head_dim + 2 floats; done holds n_heads zeroed counters (left zeroed). qkv is the new token's raw q|k|v.
 extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS)
@@ -92,18 +105,9 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
         v_raw = qkv[q_width + kv_stride + kvh * head_dim + threadIdx.x];
     }
     // The first chunk's K and V rows are requested into L2 meanwhile, so their HBM round trip overlaps the rotary
-    // work (a prefetch holds no registers; the loads below then hit L2). Thread t takes 128-byte line t % lines
-    // of rows t / lines, t / lines + blockDim.x / lines, ...
-    {  // this block has a chunk
-        const int j0 = blockIdx.y * ATTN_CHUNK, rows = min(ATTN_CHUNK, length - j0);
-        const int lines = max(1, head_dim / 32);  // 128-byte lines per row of one kv head
-        const int line = threadIdx.x % lines;
-        for (int r = threadIdx.x / lines; r < rows; r += blockDim.x / lines) {
-            const size_t at = (size_t)(j0 + r) * kv_stride + kvh * head_dim + line * 32;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(k_cache + at));
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(v_cache + at));
-        }
-    }
+    // work (a prefetch holds no registers; the loads below then hit L2).
+    const int first_row = (int)blockIdx.y * ATTN_CHUNK;
+    attn_prefetch_rows_l2(k_cache, v_cache, first_row, min(ATTN_CHUNK, length - first_row), kv_stride, kvh, head_dim);
 
     const float qd = head_norm_rope_values(q_raw, q_norm != nullptr, q_norm_d, pos, head_dim, theta, eps, rope_scratch,
                                            scratch);
@@ -132,6 +136,10 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
 
     for (int c = blockIdx.y; c < n_chunks; c += gridDim.y) {  // uniform across the block
         const int j0 = c * ATTN_CHUNK, rows = min(ATTN_CHUNK, length - j0);
+        const int next_row = (c + (int)gridDim.y) * ATTN_CHUNK;  // this block's next chunk, at long contexts
+        if (next_row < length)  // requested into L2 now, so its loads hit L2 when its turn comes
+            attn_prefetch_rows_l2(k_cache, v_cache, next_row, min(ATTN_CHUNK, length - next_row), kv_stride, kvh,
+                                  head_dim);
         // The V this thread sums is loaded into registers together with the K rows, so both round trips overlap.
         float vcol[ATTN_V_COL];
         attn_load_v_col(vcol, v_cache, vnew, pos, j0, 0, rows, g, d, groups, kv_stride, kvh, head_dim);

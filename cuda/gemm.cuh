@@ -72,42 +72,107 @@ gemm_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_
 // depends neither on the grid nor on the other tokens of its group. Dynamic shared memory T * K * 4 bytes.
 #define GEMM_SKINNY_T 8
 
-extern "C" __global__ void __launch_bounds__(256)
+// A row's first SKINNY_PREFETCH chunks for lane l (chunks l + 32 i), loaded through the cache (the other token
+// groups' blocks read the same rows), ahead of their use. Half the decode GEMV's depth: the block also holds the
+// next row's and a batch past these in registers, at two blocks per SM.
+#define SKINNY_PREFETCH 4
+struct SkinnyPrefetch {
+    uint4 w[SKINNY_PREFETCH];
+};
+
+__device__ __forceinline__ SkinnyPrefetch skinny_prefetch(const uint4* __restrict__ wrow, int chunks, int lane) {
+    SkinnyPrefetch pf;
+#pragma unroll
+    for (int i = 0; i < SKINNY_PREFETCH; ++i) {
+        const int c = lane + i * TT_WARP;
+        pf.w[i] = c < chunks ? __ldg(wrow + c) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    return pf;
+}
+
+// acc[t] += the row's products with token t's staged input over the lane's chunks l, l + 32, ... in ascending
+// order (gemv_fma_chunk's order, as gemv_row_dot_from): the prefetched chunks, then batches of GEMV_BATCH, each
+// batch requested before the one ahead of it is used.
+__device__ __forceinline__ void skinny_row_dot(float (&acc)[GEMM_SKINNY_T], const SkinnyPrefetch& pf,
+                                               const uint4* __restrict__ wrow, const float4* __restrict__ xs4_t,
+                                               int k4, int chunks, int lane) {
+    int c = lane + SKINNY_PREFETCH * TT_WARP;
+    uint4 next[GEMV_BATCH];
+#pragma unroll
+    for (int i = 0; i < GEMV_BATCH; ++i)
+        next[i] = c + i * TT_WARP < chunks ? __ldg(wrow + c + i * TT_WARP) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int i = 0; i < SKINNY_PREFETCH; ++i) {
+        const int cp = lane + i * TT_WARP;
+        if (cp < chunks)
+#pragma unroll
+            for (int t = 0; t < GEMM_SKINNY_T; ++t)
+                acc[t] = gemv_fma_chunk(acc[t], pf.w[i], xs4_t[t * k4 + 2 * cp], xs4_t[t * k4 + 2 * cp + 1]);
+    }
+    while (c < chunks) {
+        uint4 cur[GEMV_BATCH];
+#pragma unroll
+        for (int i = 0; i < GEMV_BATCH; ++i) cur[i] = next[i];
+        const int c_next = c + GEMV_BATCH * TT_WARP;
+#pragma unroll
+        for (int i = 0; i < GEMV_BATCH; ++i)
+            next[i] = c_next + i * TT_WARP < chunks ? __ldg(wrow + c_next + i * TT_WARP) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int i = 0; i < GEMV_BATCH; ++i) {
+            const int ci = c + i * TT_WARP;
+            if (ci < chunks)
+#pragma unroll
+                for (int t = 0; t < GEMM_SKINNY_T; ++t)
+                    acc[t] = gemv_fma_chunk(acc[t], cur[i], xs4_t[t * k4 + 2 * ci], xs4_t[t * k4 + 2 * ci + 1]);
+        }
+        c = c_next;
+    }
+}
+
+// The block's first row's weights are requested before the wait, and each next row's while the current one is
+// reduced, as in the decode GEMV, so the weight stream is not one dependent round trip after another.
+#ifndef SKINNY_MIN_BLOCKS
+#define SKINNY_MIN_BLOCKS 2  // resident blocks per SM asked of ptxas (it then keeps to 128 registers)
+#endif
+extern "C" __global__ void __launch_bounds__(256, SKINNY_MIN_BLOCKS)
 gemm_skinny_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
                  const float* residual, float* C, int M, int N, int K) {
-    pdl_enter();
     extern __shared__ float4 xs4_t[];
     const int k4 = K / 4, t0 = blockIdx.x * GEMM_SKINNY_T, nt = min(GEMM_SKINNY_T, M - t0);
+    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, chunks = K / 8;
+    const int groups = (N + GEMV_WARPS - 1) / GEMV_WARPS;
+    int g = blockIdx.y, n = g * GEMV_WARPS + warp;
+    SkinnyPrefetch pf = skinny_prefetch(reinterpret_cast<const uint4*>(W + (size_t)min(n, N - 1) * K), n < N ? chunks : 0,
+                                      lane);
+    pdl_enter();  // only weights were read so far
     const float4* a4 = reinterpret_cast<const float4*>(A + (size_t)t0 * K);
     for (int e = threadIdx.x; e < GEMM_SKINNY_T * k4; e += blockDim.x)
         xs4_t[e] = e < nt * k4 ? a4[e] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     __syncthreads();
-    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, chunks = K / 8;
-    const int groups = (N + GEMV_WARPS - 1) / GEMV_WARPS;
-    for (int g = blockIdx.y; g < groups; g += gridDim.y) {
-        const int n = g * GEMV_WARPS + warp;
-        if (n >= N) continue;  // warp-uniform; no barrier follows
-        const uint4* wrow = reinterpret_cast<const uint4*>(W + (size_t)n * K);
-        float acc[GEMM_SKINNY_T];
+    for (; g < groups; g += gridDim.y) {  // no barrier inside: warps whose row is past N skip the work
+        const int n_next = (g + gridDim.y) * GEMV_WARPS + warp;
+        const SkinnyPrefetch pf_next =
+            skinny_prefetch(reinterpret_cast<const uint4*>(W + (size_t)min(n_next, N - 1) * K), n_next < N ? chunks : 0,
+                            lane);
+        if (n < N) {
+            const uint4* wrow = reinterpret_cast<const uint4*>(W + (size_t)n * K);
+            float acc[GEMM_SKINNY_T];
 #pragma unroll
-        for (int t = 0; t < GEMM_SKINNY_T; ++t) acc[t] = 0.0f;
-#pragma unroll 2
-        for (int c = lane; c < chunks; c += TT_WARP) {
-            const uint4 w = __ldg(wrow + c);  // kept in L2 for the other token groups of these rows
+            for (int t = 0; t < GEMM_SKINNY_T; ++t) acc[t] = 0.0f;
+            skinny_row_dot(acc, pf, wrow, xs4_t, k4, chunks, lane);
 #pragma unroll
-            for (int t = 0; t < GEMM_SKINNY_T; ++t)
-                acc[t] = gemv_fma_chunk(acc[t], w, xs4_t[t * k4 + 2 * c], xs4_t[t * k4 + 2 * c + 1]);
-        }
-#pragma unroll
-        for (int t = 0; t < GEMM_SKINNY_T; ++t) {
-            const float sum = warp_sum(acc[t]);
-            if (lane == 0 && t < nt) {
-                float out = sum;
-                if (bias) out += bf16_to_float(bias[n]);
-                const size_t o = (size_t)(t0 + t) * N + n;
-                if (residual) out += residual[o];
-                C[o] = out;
+            for (int t = 0; t < GEMM_SKINNY_T; ++t) {
+                const float sum = warp_sum(acc[t]);
+                if (lane == 0 && t < nt) {
+                    float out = sum;
+                    if (bias) out += bf16_to_float(bias[n]);
+                    const size_t o = (size_t)(t0 + t) * N + n;
+                    if (residual) out += residual[o];
+                    C[o] = out;
+                }
             }
         }
+        pf = pf_next;
+        n = n_next;
     }
 }
