@@ -8,6 +8,7 @@ from device memory (the previous step's argmax), so the same list can later be c
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
@@ -40,6 +41,10 @@ MAX_SHARED_PER_BLOCK = 227 * 1024
 ARGMAX_THREADS = 1024
 DEFAULT_SHARED_LIMIT = 48 * 1024
 GEMV_IN_PLAIN, GEMV_IN_RMSNORM, GEMV_IN_SWIGLU = 0, 1, 2  # input transforms of cuda/gemv.cuh
+# Prefill launch lists kept, by (tokens, first position). Requests on one catalog version share the prefix length
+# and their suffixes have a few dozen lengths, so the same lists recur; building one (~250 launches) took 2-3.6 ms
+# of host time on an H200 machine's CPU (bench/gpu_forward.py's prefill study).
+PREFILL_LISTS_KEPT = 64
 
 
 def gemv_warps_per_row(n_out: int, k_in: int) -> int:
@@ -126,6 +131,7 @@ class CudaModel:
             module.kernel("gemm_skinny_bf16").set_max_dynamic_shared(skinny_shared)
         self.length = 0  # positions held in the KV cache
         self._decode, self._decode_pos_args = self._build(1, tokens_ptr=self.token.ptr, pos=0)
+        self._prefill_lists: OrderedDict[tuple[int, int], list[Launch]] = OrderedDict()
 
     # -- launch lists -------------------------------------------------------------------------------------
     def _build(
@@ -438,10 +444,23 @@ class CudaModel:
         for start in range(0, ids.size, self.max_prefill):
             chunk = ids[start : start + self.max_prefill]
             self.tokens.upload(chunk, self.stream)
-            launches, _ = self._build(chunk.size, tokens_ptr=self.tokens.ptr, pos=self.length)
-            for launch in launches:
+            for launch in self._prefill_launches(chunk.size, self.length):
                 launch(self.stream)
             self.length += chunk.size
+
+    def _prefill_launches(self, n: int, pos: int) -> list[Launch]:
+        """The launches of a prefill of ``n`` tokens (from ``self.tokens``) at positions pos..pos+n-1, built once
+        and kept for the next prefill of the same shape (they hold no other per-call state)."""
+        key = (n, pos)
+        launches = self._prefill_lists.get(key)
+        if launches is None:
+            launches, _ = self._build(n, tokens_ptr=self.tokens.ptr, pos=pos)
+            self._prefill_lists[key] = launches
+            if len(self._prefill_lists) > PREFILL_LISTS_KEPT:
+                self._prefill_lists.popitem(last=False)
+        else:
+            self._prefill_lists.move_to_end(key)
+        return launches
 
     def decode(self, token: int | None = None) -> None:
         """Run one token at the next position: ``token`` if given, else the previous argmax (device memory)."""

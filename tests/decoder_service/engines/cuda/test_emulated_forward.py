@@ -53,6 +53,34 @@ def test_long_prefill_uses_the_tiled_gemm(fake_driver: FakeDriver) -> None:
     assert fake_driver.launches.count("gemm_skinny_bf16") == 0
 
 
+def test_repeated_prefill_reuses_its_launch_list(fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second prefill of the same length at the same position launches the kept list, with the same result."""
+    from decoder_service.engines.cuda.forward import PREFILL_LISTS_KEPT, CudaModel
+    from decoder_service.engines.cuda.module import Module
+
+    cfg = SHAPES["tiny-qwen3"]
+    _, weights = build_reference(cfg, seed=7)
+    model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8)
+    builds = []
+    build = model._build
+    monkeypatch.setattr(model, "_build", lambda n, **kw: builds.append((n, kw["pos"])) or build(n, **kw))
+
+    def answer(prompt: list[int]) -> tuple[list[float], int]:
+        model.reset()
+        model.prefill(prompt)
+        return model.read_logits().tolist(), model.read_token()
+
+    first = answer([5, 9, 2, 7, 1])
+    other = answer([3, 3, 8, 1, 4, 6])
+    again = answer([5, 9, 2, 7, 1])
+    assert builds == [(5, 0), (6, 0)]  # the third prefill built nothing
+    assert again == first and other != first
+    for pos in range(PREFILL_LISTS_KEPT + 3):  # more shapes than are kept: the least recently used go
+        model._prefill_launches(1, pos)
+    assert len(model._prefill_lists) == PREFILL_LISTS_KEPT
+    assert (1, 0) not in model._prefill_lists and (1, PREFILL_LISTS_KEPT + 2) in model._prefill_lists
+
+
 def test_model_rejects_wrong_weight_shape(fake_driver: FakeDriver) -> None:
     from decoder_service.engines.cuda.forward import CudaModel
     from decoder_service.engines.cuda.module import Module
