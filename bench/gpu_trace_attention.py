@@ -33,8 +33,8 @@ SLOTS = 8192
 ATTN_PROBES = [
     "entry",
     "after pdl wait",
-    "q rope done",
-    "k rope done",
+    "q (and k) rope done",
+    "new row written",
     "scores done",
     "softmax done",
     "V done",

@@ -11,9 +11,9 @@
 //   the block that finishes a head last (a counter per head, over the blocks that have a chunk; the others leave
 //   at once) merges its chunks in ascending order (m = max m_c, weights exp(m_c - m)) into out, and resets the
 //   counter. Which block merges changes nothing.
-// The new token's k and v (row pos) are computed by every block whose chunk holds pos, with head_norm_rope_values
-// (the prefill kernel's function), and used from shared memory; the first q head of each kv group writes them
-// to the caches. The position comes from device memory (graph replays) or from the host (pos_ptr null).
+// The new token's k and v (row pos) are computed by every block whose chunk holds pos, together with its q by
+// head_norm_rope_pair (each value bit-identical to the prefill kernel's head_norm_rope_values), and used from shared
+// memory; the first q head of each kv group writes them to the caches. The position comes from device memory (graph replays) or from the host (pos_ptr null).
 #pragma once
 #include "common.cuh"
 #include "rope.cuh"
@@ -80,10 +80,10 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
     __shared__ __align__(16) float q[256];
     __shared__ __align__(16) float knew[256];
     __shared__ __align__(16) float vnew[256];
-    __shared__ float rope_scratch[256];
+    __shared__ float rope_scratch[2 * 256];  // q and k of the head
     __shared__ float p[ATTN_CHUNK];
     __shared__ float red[ATTN_SPLIT_THREADS];
-    __shared__ float scratch[32];
+    __shared__ float scratch[64];
     __shared__ int merge;
     __shared__ float merge_ml[2][ATTN_MERGE_MAX_CHUNKS];  // the merging block's per-chunk m and l
     const int pos = host_or_device(pos_ptr, pos_host), length = pos + 1;
@@ -109,14 +109,16 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
     const int first_row = (int)blockIdx.y * ATTN_CHUNK;
     attn_prefetch_rows_l2(k_cache, v_cache, first_row, min(ATTN_CHUNK, length - first_row), kv_stride, kvh, head_dim);
 
-    const float qd = head_norm_rope_values(q_raw, q_norm != nullptr, q_norm_d, pos, head_dim, theta, eps, rope_scratch,
-                                           scratch);
-    if (active) q[threadIdx.x] = qd;
-    TT_MARK(mark + 2);
-    if (scores_pos) {
-        const float kd = head_norm_rope_values(k_raw, k_norm != nullptr, k_norm_d, pos, head_dim, theta, eps,
+    if (!scores_pos) {
+        const float qd = head_norm_rope_values(q_raw, q_norm != nullptr, q_norm_d, pos, head_dim, theta, eps,
                                                rope_scratch, scratch);
+        if (active) q[threadIdx.x] = qd;
+    } else {  // q and k together: one reduction and one rotation phase instead of two of each
+        const float2 qk = head_norm_rope_pair(q_raw, k_raw, q_norm != nullptr, k_norm != nullptr, q_norm_d, k_norm_d,
+                                              pos, head_dim, theta, eps, rope_scratch, scratch);
+        const float kd = qk.y;
         if (active) {
+            q[threadIdx.x] = qk.x;
             knew[threadIdx.x] = kd;
             vnew[threadIdx.x] = v_raw;
             if (h % group_size == 0) {  // one writer per kv head
@@ -126,6 +128,7 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
             }
         }
     }
+    TT_MARK(mark + 2);
     __syncthreads();
     TT_MARK(mark + 3);
     const float4* q4 = reinterpret_cast<const float4*>(q);
@@ -136,10 +139,6 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
 
     for (int c = blockIdx.y; c < n_chunks; c += gridDim.y) {  // uniform across the block
         const int j0 = c * ATTN_CHUNK, rows = min(ATTN_CHUNK, length - j0);
-        const int next_row = (c + (int)gridDim.y) * ATTN_CHUNK;  // this block's next chunk, at long contexts
-        if (next_row < length)  // requested into L2 now, so its loads hit L2 when its turn comes
-            attn_prefetch_rows_l2(k_cache, v_cache, next_row, min(ATTN_CHUNK, length - next_row), kv_stride, kvh,
-                                  head_dim);
         // The V this thread sums is loaded into registers together with the K rows, so both round trips overlap.
         float vcol[ATTN_V_COL];
         attn_load_v_col(vcol, v_cache, vnew, pos, j0, 0, rows, g, d, groups, kv_stride, kvh, head_dim);

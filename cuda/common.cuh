@@ -89,6 +89,31 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return scratch[0];
 }
 
+// Two block-wide sums at once, each with block_sum's tree (so each is bit-identical to it), sharing its barriers.
+// `scratch` holds at least 64 floats.
+__device__ __forceinline__ float2 block_sum2(float a, float b, float* scratch) {
+    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, nwarps = blockDim.x / TT_WARP;
+    a = warp_sum(a);
+    b = warp_sum(b);
+    __syncthreads();
+    if (lane == 0) {
+        scratch[warp] = a;
+        scratch[32 + warp] = b;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        float p = lane < nwarps ? scratch[lane] : 0.0f, q = lane < nwarps ? scratch[32 + lane] : 0.0f;
+        p = warp_sum(p);
+        q = warp_sum(q);
+        if (lane == 0) {
+            scratch[0] = p;
+            scratch[32] = q;
+        }
+    }
+    __syncthreads();
+    return make_float2(scratch[0], scratch[32]);
+}
+
 __device__ __forceinline__ float block_max(float v, float* scratch) {
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, nwarps = blockDim.x / TT_WARP;
     v = warp_max(v);
@@ -103,6 +128,10 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     __syncthreads();
     return scratch[0];
 }
+
+// silu(g) * u, as Hugging Face's act_fn(gate) * up. One expression for the swiglu kernel and the gate|up GEMV's
+// SwiGLU output, so both give the same bits.
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 // A value that the host either passes directly or leaves in device memory (for captured graphs, where
 // the token and position change between replays). One kernel body serves both forms.

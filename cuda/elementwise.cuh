@@ -3,7 +3,7 @@
 #include "common.cuh"
 
 // gate_up holds, per token, the gate projection (inter values) followed by the up projection (inter values),
-// the layout of the fused gate|up weight. out[t, i] = silu(gate) * up, as Hugging Face's act_fn(gate) * up.
+// the layout of the fused gate|up weight. out[t, i] = silu_mul(gate, up) (common.cuh).
 extern "C" __global__ void swiglu(const float* __restrict__ gate_up, float* __restrict__ out, int n_tokens, int inter) {
     pdl_enter();
     const size_t total = (size_t)n_tokens * inter;
@@ -11,7 +11,7 @@ extern "C" __global__ void swiglu(const float* __restrict__ gate_up, float* __re
         const size_t t = idx / inter, i = idx % inter;
         const float g = gate_up[t * 2 * inter + i];
         const float u = gate_up[t * 2 * inter + inter + i];
-        out[idx] = g / (1.0f + expf(-g)) * u;
+        out[idx] = silu_mul(g, u);
     }
 }
 

@@ -6,7 +6,6 @@
 //   GEMV_IN_PLAIN    in = x[t, :K]
 //   GEMV_IN_RMSNORM  in = rmsnorm(x[t, :K]) * norm_w, with the rmsnorm kernel's partition, tree and expression,
 //                    so the values are bit-identical to running that kernel first
-//   GEMV_IN_SWIGLU   in = silu(x[t, :K]) * x[t, K:2K] (the fused gate|up output), as the swiglu kernel computes it
 // Then a row belongs to `warps_per_row` warps of the block (1, 2, 4 or 8; the host picks it from the shape
 // alone, so a given matrix is always reduced the same way). Lane l of part p reads 16-byte weight chunks
 // (8 bf16) p*32 + l, then every 32*warps_per_row chunks, accumulating in fp32 in ascending order; each warp
@@ -14,6 +13,13 @@
 // A lane's first GEMV_PREFETCH chunks are loaded into registers before the input is staged, so the weight
 // stream is in flight while the block stages (and normalises) its input, and, under a programmatic dependent
 // launch, while the kernel before it finishes; that changes no arithmetic.
+// The output is y_mode:
+//   GEMV_OUT_PLAIN   y[t, n] for every row n
+//   GEMV_OUT_SWIGLU  y[t, j] = silu(row j) * row (N/2 + j), j < N/2, for the fused gate|up weight: a group's first
+//                    half of slots reduce gate rows and its second half the matching up rows, and each up row's
+//                    writer hands its sum to the gate row's writer. The rows' sums and silu_mul are those of a plain
+//                    GEMV followed by the swiglu kernel, so the bits are too; the MLP's down GEMV then stages a plain
+//                    input instead of every block recomputing silu(gate) * up for the whole row.
 // Requires K % 8 == 0 (16-byte rows), checked on the host.
 #pragma once
 #include "common.cuh"
@@ -22,41 +28,21 @@
 #define GEMV_WARPS 8  // warps per block of 256 threads
 #define GEMV_IN_PLAIN 0
 #define GEMV_IN_RMSNORM 1
-#define GEMV_IN_SWIGLU 2
-
-__device__ __forceinline__ float gemv_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+#define GEMV_OUT_PLAIN 0
+#define GEMV_OUT_SWIGLU 1
 
 #define GEMV_STAGE_BATCH 4  // float4 loads per thread issued together while staging (all in flight at once)
 
 // Writes the transformed input row to xs (K floats) and synchronises the block. Each thread owns float4 chunks
-// e = threadIdx.x + i * blockDim.x and issues GEMV_STAGE_BATCH of them (twice that for SwiGLU) before it uses
-// any, so staging costs one L2 round trip per batch rather than one per chunk. Every value is the same
-// expression of the same inputs as before, in whatever order the chunks are visited.
+// e = threadIdx.x + i * blockDim.x and issues GEMV_STAGE_BATCH of them before it uses any, so staging costs one
+// L2 round trip per batch rather than one per chunk. Every value is the same expression of the same inputs as
+// before, in whatever order the chunks are visited.
 __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const float* __restrict__ xt,
                                                  const bf16_t* __restrict__ norm_w, int x_mode, float eps, int K,
                                                  float* scratch) {
     const float4* x4 = reinterpret_cast<const float4*>(xt);
     const int k4 = K / 4, stride = blockDim.x;
-    if (x_mode == GEMV_IN_SWIGLU) {
-        for (int base = threadIdx.x; base < k4; base += GEMV_STAGE_BATCH * stride) {
-            float4 g[GEMV_STAGE_BATCH], u[GEMV_STAGE_BATCH];
-#pragma unroll
-            for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
-                const int e = base + i * stride;
-                if (e < k4) {
-                    g[i] = x4[e];
-                    u[i] = x4[k4 + e];
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
-                const int e = base + i * stride;
-                if (e < k4)
-                    xs4[e] = make_float4(gemv_silu_mul(g[i].x, u[i].x), gemv_silu_mul(g[i].y, u[i].y),
-                                         gemv_silu_mul(g[i].z, u[i].z), gemv_silu_mul(g[i].w, u[i].w));
-            }
-        }
-    } else if (x_mode == GEMV_IN_RMSNORM && k4 <= GEMV_STAGE_BATCH * stride) {
+    if (x_mode == GEMV_IN_RMSNORM && k4 <= GEMV_STAGE_BATCH * stride) {
         // The row fits one batch: one round of loads serves the sum of squares (rms_sum_of_squares's partition
         // and order: chunks ascending per thread, components in order) and the normalised values.
         float4 v[GEMV_STAGE_BATCH];
@@ -223,26 +209,49 @@ __device__ __forceinline__ float gemv_row_dot(const uint4* __restrict__ wrow, co
     return gemv_row_dot_from(pf, wrow, xs4, K, part, lane, warps_per_row);
 }
 
-// Row t of x starts at t * K (t * 2K for GEMV_IN_SWIGLU); norm_w and eps serve GEMV_IN_RMSNORM only.
-// residual may alias y. A block owns groups of 8 / warps_per_row consecutive rows: group blockIdx.x, then every
-// gridDim.x-th group, so any grid (ncols, n_tokens) with 1 <= ncols <= ceil(N / (8 / warps_per_row)) covers
-// every row once; the grid changes no result (a row's arithmetic never depends on its block). The input is
-// staged once per block, and the next group's weights are loaded while the current group is reduced.
-// Dynamic shared memory K * 4 bytes.
+// Which row slot `slot` of group g reduces: consecutive rows, or for GEMV_OUT_SWIGLU gate row j = g * pairs +
+// slot (first half of the slots) or up row N/2 + j (second half), pairs = rows / 2. N (no row) past the end.
+__device__ __forceinline__ int gemv_row(int g, int slot, int rows, int N, int y_mode) {
+    if (y_mode != GEMV_OUT_SWIGLU) return g * rows + slot;
+    const int pairs = rows / 2, half = N / 2, j = g * pairs + slot % pairs;
+    if (j >= half) return N;
+    return slot < pairs ? j : half + j;
+}
+
+// Named barrier 1 + pair for the `threads` threads of a gate/up slot pair (pair < 4). Literal ids, so ptxas reserves
+// only these barriers.
+__device__ __forceinline__ void gemv_pair_barrier(int pair, int threads) {
+    switch (pair) {
+        case 0: asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); break;
+        case 1: asm volatile("bar.sync 2, %0;" ::"r"(threads) : "memory"); break;
+        case 2: asm volatile("bar.sync 3, %0;" ::"r"(threads) : "memory"); break;
+        default: asm volatile("bar.sync 4, %0;" ::"r"(threads) : "memory"); break;
+    }
+}
+
+// Row t of x starts at t * K; norm_w and eps serve GEMV_IN_RMSNORM only. residual may alias y (GEMV_OUT_PLAIN
+// only). A block owns groups of rows = 8 / warps_per_row row slots: group blockIdx.x, then every gridDim.x-th
+// group, so any grid (ncols, n_tokens) with 1 <= ncols <= the number of groups (ceil(N / rows); for
+// GEMV_OUT_SWIGLU ceil((N / 2) / (rows / 2)), which needs rows >= 2 and N even) covers every row once; the grid
+// changes no result (a row's arithmetic never depends on its block). The input is staged once per block, and the
+// next group's weights are loaded while the current group is reduced. Dynamic shared memory K * 4 bytes.
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * TT_WARP)
 gemv_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_t* __restrict__ norm_w, int x_mode,
           float eps, const bf16_t* __restrict__ bias, const float* residual, float* y, int N, int K,
-          int warps_per_row) {
+          int warps_per_row, int y_mode) {
     extern __shared__ float4 xs4[];
     __shared__ float scratch[32];
     __shared__ float parts[2][GEMV_WARPS];  // alternate halves per group, so one barrier per group suffices
+    __shared__ float up_sums[2][GEMV_WARPS];  // GEMV_OUT_SWIGLU: up row sums for the gate rows' writers, alternating
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
     const int part = warp % warps_per_row;
-    const int rows = GEMV_WARPS / warps_per_row, groups = (N + rows - 1) / rows;
+    const int rows = GEMV_WARPS / warps_per_row, pairs = rows / 2;
+    const bool swiglu = y_mode == GEMV_OUT_SWIGLU;
+    const int groups = swiglu ? (N / 2 + pairs - 1) / pairs : (N + rows - 1) / rows;
     const int slot = warp / warps_per_row;
     const int t = blockIdx.y;
     // Rows past N (and groups past the last) read nothing: their lanes see K = 0.
-    int g = blockIdx.x, n = g * rows + slot;
+    int g = blockIdx.x, n = gemv_row(g, slot, rows, N, y_mode);
     const uint4* wrow = reinterpret_cast<const uint4*>(W + (size_t)min(n, N - 1) * K);
     GemvPrefetch pf = gemv_prefetch(wrow, n < N ? K : 0, part, lane, warps_per_row);
     // The lane that writes a row loads its bias and residual ahead of the dot product, so neither costs a round
@@ -253,11 +262,11 @@ gemv_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_
     pdl_enter();  // only weights were read so far; the input may still be in the making
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 1);
     float r_cur = writer && residual && n < N ? residual[(size_t)t * N + n] : 0.0f;
-    gemv_stage_input(xs4, x + (size_t)t * K * (x_mode == GEMV_IN_SWIGLU ? 2 : 1), norm_w, x_mode, eps, K, scratch);
+    gemv_stage_input(xs4, x + (size_t)t * K, norm_w, x_mode, eps, K, scratch);
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 2);
 
     for (int it = 0; g < groups; g += gridDim.x, ++it) {
-        const int n_next = (g + gridDim.x) * rows + slot;
+        const int n_next = gemv_row(g + gridDim.x, slot, rows, N, y_mode);
         const uint4* wrow_next = reinterpret_cast<const uint4*>(W + (size_t)min(n_next, N - 1) * K);
         const GemvPrefetch pf_next = gemv_prefetch(wrow_next, n_next < N ? K : 0, part, lane, warps_per_row);
         // rows are owned by one block each, so the next row's residual is not this row's output
@@ -271,8 +280,15 @@ gemv_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_
             if (part == 0 && lane == 0)
                 for (int p = 1; p < warps_per_row; ++p) acc += parts[it & 1][warp + p];  // ascending part order
         }
-        if (n < N && writer) {
-            if (bias) acc += b_cur;
+        if (bias) acc += b_cur;
+        if (swiglu) {
+            // Slots s and s + pairs (gate and up of output j) meet at named barrier 1 + s % pairs; the alternating
+            // halves of up_sums keep a fast pair from overwriting a sum its partner has not read.
+            const int pair = slot % pairs;
+            if (slot >= pairs && writer) up_sums[it & 1][pair] = acc;
+            gemv_pair_barrier(pair, 2 * warps_per_row * TT_WARP);
+            if (slot < pairs && writer && n < N) y[(size_t)t * (N / 2) + n] = silu_mul(acc, up_sums[it & 1][pair]);
+        } else if (n < N && writer) {
             if (residual) acc += r_cur;
             y[(size_t)t * N + n] = acc;
         }

@@ -34,6 +34,38 @@ __device__ __forceinline__ float head_norm_rope_values(float v, bool has_norm, f
     return out;
 }
 
+// q and k of one head pair at once (decode attention's block that writes the new token's cache row): the two sums
+// of squares share one reduction's barriers and the two rotations one angle. Each result is bit-identical to
+// head_norm_rope_values's for the same inputs. `heads` is 2 * head_dim floats of shared scratch, `scratch` 64.
+__device__ __forceinline__ float2 head_norm_rope_pair(float q, float k, bool q_has_norm, bool k_has_norm, float q_wd,
+                                                      float k_wd, int pos, int head_dim, float theta, float eps,
+                                                      float* heads, float* scratch) {
+    const int d = threadIdx.x;
+    const bool active = d < head_dim;
+    if (q_has_norm || k_has_norm) {
+        const float2 ss = block_sum2(q * q, k * k, scratch);
+        if (active && q_has_norm) q = q * rsqrtf(ss.x / (float)head_dim + eps) * q_wd;
+        if (active && k_has_norm) k = k * rsqrtf(ss.y / (float)head_dim + eps) * k_wd;
+    }
+    if (active) {
+        heads[d] = q;
+        heads[head_dim + d] = k;
+    }
+    __syncthreads();
+    float2 out = make_float2(0.0f, 0.0f);
+    if (active) {
+        const int half = head_dim / 2, i = d % half, partner = d < half ? d + half : d - half;
+        const float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
+        const float angle = (float)pos * inv_freq, c = cosf(angle), s = sinf(angle);
+        const float q_rot = d < half ? -heads[partner] : heads[partner];
+        const float k_rot = d < half ? -heads[head_dim + partner] : heads[head_dim + partner];
+        out.x = fmaf(q, c, q_rot * s);
+        out.y = fmaf(k, c, k_rot * s);
+    }
+    __syncthreads();  // heads is free again
+    return out;
+}
+
 // The same, loading element d of src and of norm_w (nullptr: no norm) itself.
 __device__ __forceinline__ float head_norm_rope(const float* __restrict__ src, const bf16_t* __restrict__ norm_w,
                                                 int pos, int head_dim, float theta, float eps, float* head,

@@ -40,7 +40,8 @@ ATTN_STATIC_SHARED = 33_920  # attention's static shared memory (ptxas -v)
 MAX_SHARED_PER_BLOCK = 227 * 1024
 ARGMAX_THREADS = 1024
 DEFAULT_SHARED_LIMIT = 48 * 1024
-GEMV_IN_PLAIN, GEMV_IN_RMSNORM, GEMV_IN_SWIGLU = 0, 1, 2  # input transforms of cuda/gemv.cuh
+GEMV_IN_PLAIN, GEMV_IN_RMSNORM = 0, 1  # input transforms of cuda/gemv.cuh
+GEMV_OUT_PLAIN, GEMV_OUT_SWIGLU = 0, 1  # outputs of cuda/gemv.cuh: the rows, or silu(gate) * up of gate|up rows
 # Prefill launch lists kept, by (tokens, first position). Requests on one catalog version share the prefix length
 # and their suffixes have a few dozen lengths, so the same lists recur; building one (~250 launches) took 2-3.6 ms
 # of host time on an H200 machine's CPU (bench/gpu_forward.py's prefill study).
@@ -54,6 +55,20 @@ def gemv_warps_per_row(n_out: int, k_in: int) -> int:
     site. Measured on an H200: splitting short rows over more warps (more, smaller blocks) was slower.
     """
     return 2 if k_in >= GEMV_SPLIT_MIN_K else 1
+
+
+def gemv_groups(n_out: int, warps_per_row: int, y_mode: int) -> int:
+    """Row groups of a GEMV (cuda/gemv.cuh); a grid of this many blocks gives each block one group.
+
+    A group is GEMV_WARPS // warps_per_row rows; with the SwiGLU output it pairs half as many gate rows with their
+    up rows.
+    """
+    rows = GEMV_WARPS // warps_per_row
+    if y_mode == GEMV_OUT_SWIGLU:
+        if n_out % 2 or rows < 2:
+            raise ValueError(f"a SwiGLU-output GEMV needs an even row count and two rows a group, not {n_out}, {rows}")
+        return -(-(n_out // 2) // (rows // 2))
+    return -(-n_out // rows)
 
 
 def check_config(config: ModelConfig) -> None:
@@ -163,8 +178,8 @@ class CudaModel:
             )
         )
         for i, lw in enumerate(w.layers):
-            # Decode (n == 1) fuses each RMSNorm and the SwiGLU into the GEMV that consumes them; prefill
-            # runs them as separate kernels around the tiled GEMM.
+            # Decode (n == 1) fuses each RMSNorm into the GEMV that consumes it and the SwiGLU into the gate|up
+            # GEMV that produces it; prefill runs them as separate kernels around the tiled GEMM.
             if n == 1:
                 launches.append(
                     self._gemv(
@@ -245,22 +260,23 @@ class CudaModel:
                         self.q_width,
                         "o",
                     ),
-                    self._gemv(
+                    self._gemv(  # writes silu(gate) * up, the down GEMV's input
                         lw.gate_up.ptr,
                         self.x.ptr,
                         GEMV_IN_RMSNORM,
                         lw.post_norm.ptr,
                         0,
                         0,
-                        self.gate_up.ptr,
+                        self.act.ptr,
                         2 * c.intermediate_size,
                         c.hidden_size,
                         "gate_up",
+                        y_mode=GEMV_OUT_SWIGLU,
                     ),
                     self._gemv(
                         lw.down.ptr,
-                        self.gate_up.ptr,
-                        GEMV_IN_SWIGLU,
+                        self.act.ptr,
+                        GEMV_IN_PLAIN,
                         0,
                         0,
                         self.x.ptr,
@@ -382,10 +398,15 @@ class CudaModel:
         n_out: int,
         k_in: int,
         label: str,
+        y_mode: int = GEMV_OUT_PLAIN,
     ) -> Launch:
-        """y[n_out] = in(x) @ W.T (+ bias) (+ residual) for one token; ``x_mode`` picks the input transform."""
+        """y[n_out] = in(x) @ W.T (+ bias) (+ residual) for one token; ``x_mode`` picks the input transform.
+
+        With ``y_mode`` GEMV_OUT_SWIGLU, W is the fused gate|up weight and y receives silu(gate) * up (n_out / 2
+        values; no residual).
+        """
         split = gemv_warps_per_row(n_out, k_in)
-        grid = (min(-(-n_out // (GEMV_WARPS // split)), GEMV_MAX_BLOCKS), 1, 1)
+        grid = (min(gemv_groups(n_out, split, y_mode), GEMV_MAX_BLOCKS), 1, 1)
         return Launch(
             self.module.kernel("gemv_bf16"),
             grid,
@@ -402,6 +423,7 @@ class CudaModel:
                 ("i32", n_out),
                 ("i32", k_in),
                 ("i32", split),
+                ("i32", y_mode),
             ],
             shared_bytes=k_in * F32,
             label=f"gemv:{label}",

@@ -337,19 +337,28 @@ class FakeDriver:
 
     def k_gemv_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         assert a.warps_per_row == 1 or (a.warps_per_row in (2, 4, 8) and 256 * a.warps_per_row <= a.K), "bad split"
-        groups = -(-a.N // (8 // a.warps_per_row))  # blocks stride over row groups, so any grid up to this covers them
+        rows = 8 // a.warps_per_row
+        assert a.y_mode in (0, 1), f"unknown GEMV output mode {a.y_mode}"
+        swiglu = a.y_mode == 1
+        if swiglu:
+            assert a.N % 2 == 0 and rows >= 2 and not a.residual, "SwiGLU output needs gate|up row pairs, no residual"
+            groups = -(-(a.N // 2) // (rows // 2))
+        else:
+            groups = -(-a.N // rows)
         assert 1 <= grid[0] <= groups, "GEMV grid must have between 1 and one block per row group"
         assert shared >= 4 * a.K, "GEMV needs K floats of dynamic shared memory for its input row"
         m = grid[1]
-        if a.x_mode == 2:  # silu(gate) * up from the fused gate|up rows
-            x = ref.swiglu(self.view(a.x, np.float32, m * 2 * a.K).reshape(m, 2 * a.K))
+        x = self.view(a.x, np.float32, m * a.K).reshape(m, a.K).astype(np.float64)
+        if a.x_mode == 1:
+            x = ref.rmsnorm(x, self._bf16(a.norm_w, a.K), a.eps)
         else:
-            x = self.view(a.x, np.float32, m * a.K).reshape(m, a.K).astype(np.float64)
-            if a.x_mode == 1:
-                x = ref.rmsnorm(x, self._bf16(a.norm_w, a.K), a.eps)
-            else:
-                assert a.x_mode == 0, f"unknown GEMV input mode {a.x_mode}"
-        self._linear(a, m, x, a.y)
+            assert a.x_mode == 0, f"unknown GEMV input mode {a.x_mode}"
+        w = self._bf16(a.W, a.N * a.K).reshape(a.N, a.K)
+        bias = self._bf16(a.bias, a.N) if a.bias else None
+        if swiglu:  # silu(gate) * up of the fused gate|up rows
+            self.view(a.y, np.float32, m * a.N // 2)[:] = ref.swiglu(ref.linear(x, w, bias, None)).ravel()
+        else:
+            self._linear(a, m, x, a.y)
 
     def k_gemm_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         assert grid[0] * 64 >= a.N and grid[1] * 64 >= a.M, "GEMM grid does not cover the output"

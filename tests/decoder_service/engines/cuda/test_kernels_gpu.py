@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from decoder_service.engines.cuda.forward import gemv_groups
 from tests.decoder_service.engines.cuda import reference as ref
 from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random, load_module, record, requires_gpu
 
@@ -92,20 +93,30 @@ def test_rmsnorm(dev: Device, rng: np.random.Generator, n: int) -> None:
 
 
 # (N, K, tokens, bias, residual, input mode, warps per row)
-GEMV_CASES = [
-    (1000, 576, 1, True, True, 0, 2),
-    (4096, 2048, 1, True, False, 1, 4),
-    (2048, 6144, 1, False, True, 2, 8),
-    (100, 64, 3, True, True, 1, 1),
-    (100, 256, 3, False, False, 2, 1),
-    (49152, 576, 1, False, False, 1, 1),
-    (1001, 2048, 2, True, True, 0, 8),
-    (77, 4096, 1, False, True, 1, 2),
+GEMV_CASES = [  # n_out, k_in, tokens, bias, residual, x_mode, split, y_mode
+    (1000, 576, 1, True, True, 0, 2, 0),
+    (4096, 2048, 1, True, False, 1, 4, 0),
+    (2048, 6144, 1, False, True, 0, 8, 0),
+    (100, 64, 3, True, True, 1, 1, 0),
+    (100, 256, 3, True, False, 0, 1, 1),  # SwiGLU output; the last group's pairs run past the end
+    (49152, 576, 1, False, False, 1, 1, 0),
+    (1001, 2048, 2, True, True, 0, 8, 0),
+    (77, 4096, 1, False, True, 1, 2, 0),
+    (12288, 2048, 1, False, False, 1, 1, 1),  # the Qwen3-1.7B gate|up shape
+    (300, 1024, 2, False, False, 1, 4, 1),  # one gate/up pair per group
 ]
-MODES = {0: "plain", 1: "rmsnorm", 2: "swiglu"}
+IN_MODES = {0: "plain", 1: "rmsnorm"}
+OUT_MODES = {0: "", 1: "/swiglu-out"}
 
 
-@pytest.mark.parametrize(("n_out", "k_in", "tokens", "bias", "residual", "x_mode", "split"), GEMV_CASES)
+def gemv_args(w, x, norm_w, x_mode: int, eps: float, bias, residual, y, n_out: int, k_in: int, split: int, y_mode: int):
+    """gemv_bf16's arguments; buffers may be None (a null pointer)."""
+    ptr = [("ptr", buf.ptr if buf is not None else 0) for buf in (w, x, norm_w)]
+    tail = [("ptr", buf.ptr if buf is not None else 0) for buf in (bias, residual, y)]
+    return [*ptr, ("i32", x_mode), ("f32", eps), *tail, ("i32", n_out), ("i32", k_in), ("i32", split), ("i32", y_mode)]
+
+
+@pytest.mark.parametrize(("n_out", "k_in", "tokens", "bias", "residual", "x_mode", "split", "y_mode"), GEMV_CASES)
 def test_gemv(
     dev: Device,
     rng: np.random.Generator,
@@ -116,43 +127,45 @@ def test_gemv(
     residual: bool,
     x_mode: int,
     split: int,
+    y_mode: int,
 ) -> None:
     wbits, w = bf16_random(rng, (n_out, k_in), 0.05)
     bbits, b = bf16_random(rng, n_out, 0.5)
     nbits, nw = bf16_random(rng, k_in, 0.2, 1.0)
-    x = (2.0 * rng.standard_normal((tokens, 2 * k_in if x_mode == 2 else k_in))).astype(F32)
+    x = (2.0 * rng.standard_normal((tokens, k_in))).astype(F32)
     r = rng.standard_normal((tokens, n_out)).astype(F32)
     wb, xb, nb = dev.put(wbits), dev.put(x), dev.put(nbits)
     bb = dev.put(bbits) if bias else None
-    y = dev.put(r) if residual else dev.poisoned(tokens * n_out)  # in place over the residual, as the engine does
+    n_y = n_out // 2 if y_mode == 1 else n_out
+    y = dev.put(r) if residual else dev.poisoned(tokens * n_y)  # in place over the residual, as the engine does
+    if 4 * k_in > 48 * 1024:
+        dev.module.kernel("gemv_bf16").set_max_dynamic_shared(4 * k_in)
     dev.launch(
         "gemv_bf16",
-        (-(-n_out // (8 // split)), tokens, 1),
+        (gemv_groups(n_out, split, y_mode), tokens, 1),
         (256, 1, 1),
-        [
-            ("ptr", wb.ptr),
-            ("ptr", xb.ptr),
-            ("ptr", nb.ptr if x_mode == 1 else 0),
-            ("i32", x_mode),
-            ("f32", 1e-5),
-            ("ptr", bb.ptr if bb else 0),
-            ("ptr", y.ptr if residual else 0),
-            ("ptr", y.ptr),
-            ("i32", n_out),
-            ("i32", k_in),
-            ("i32", split),
-        ],
+        gemv_args(
+            wb,
+            xb,
+            nb if x_mode == 1 else None,
+            x_mode,
+            1e-5,
+            bb,
+            y if residual else None,
+            y,
+            n_out,
+            k_in,
+            split,
+            y_mode,
+        ),
         shared=4 * k_in,
     )
-    if x_mode == 1:
-        inputs = ref.rmsnorm(x, nw, 1e-5)
-    elif x_mode == 2:
-        inputs = ref.swiglu(x)
-    else:
-        inputs = x
+    inputs = ref.rmsnorm(x, nw, 1e-5) if x_mode == 1 else x
     expected = ref.linear(inputs, w, b if bias else None, r if residual else None)
-    name = f"gemv/{MODES[x_mode]}/{n_out}x{k_in}x{tokens}/split{split}"
-    check(name, dev.get(y, F32, (tokens, n_out)), expected)
+    if y_mode == 1:
+        expected = ref.swiglu(expected)
+    name = f"gemv/{IN_MODES[x_mode]}{OUT_MODES[y_mode]}/{n_out}x{k_in}x{tokens}/split{split}"
+    check(name, dev.get(y, F32, (tokens, n_y)), expected)
 
 
 def test_gemv_fused_rmsnorm_equals_rmsnorm_kernel(dev: Device, rng: np.random.Generator) -> None:
@@ -169,87 +182,92 @@ def test_gemv_fused_rmsnorm_equals_rmsnorm_kernel(dev: Device, rng: np.random.Ge
         (256, 1, 1),
         [("ptr", xb.ptr), ("ptr", nb.ptr), ("ptr", xn.ptr), ("i32", k_in), ("f32", 1e-6)],
     )
-    common = [("ptr", 0), ("ptr", 0)]
-    dev.launch(
-        "gemv_bf16",
-        (n_out // 2, 1, 1),
-        (256, 1, 1),
-        [
-            ("ptr", wb.ptr),
-            ("ptr", xn.ptr),
-            ("ptr", 0),
-            ("i32", 0),
-            ("f32", 1e-6),
-            *common,
-            ("ptr", plain.ptr),
-            ("i32", n_out),
-            ("i32", k_in),
-            ("i32", 4),
-        ],
-        shared=4 * k_in,
-    )
-    dev.launch(
-        "gemv_bf16",
-        (n_out // 2, 1, 1),
-        (256, 1, 1),
-        [
-            ("ptr", wb.ptr),
-            ("ptr", xb.ptr),
-            ("ptr", nb.ptr),
-            ("i32", 1),
-            ("f32", 1e-6),
-            *common,
-            ("ptr", fused.ptr),
-            ("i32", n_out),
-            ("i32", k_in),
-            ("i32", 4),
-        ],
-        shared=4 * k_in,
-    )
+    for x_in, norm, mode, y in ((xn, None, 0, plain), (xb, nb, 1, fused)):
+        dev.launch(
+            "gemv_bf16",
+            (n_out // 2, 1, 1),
+            (256, 1, 1),
+            gemv_args(wb, x_in, norm, mode, 1e-6, None, None, y, n_out, k_in, 4, 0),
+            shared=4 * k_in,
+        )
     same = bool(np.array_equal(dev.get(fused, F32, n_out), dev.get(plain, F32, n_out)))
     record("kernel", "gemv/fused-rmsnorm-bit-identical", exact=same)
     assert same
 
 
+@pytest.mark.parametrize(("inter", "split"), [(6144, 1), (150, 2)])
+def test_gemv_swiglu_output_equals_swiglu_kernel(dev: Device, rng: np.random.Generator, inter: int, split: int) -> None:
+    """Decode writes silu(gate) * up from the gate|up GEMV; it must give the bits of the plain GEMV followed by
+    the swiglu kernel (prefill's path)."""
+    k_in = 2048
+    wbits, _ = bf16_random(rng, (2 * inter, k_in), 0.05)
+    nbits, _ = bf16_random(rng, k_in, 0.2, 1.0)
+    x = (3.0 * rng.standard_normal(k_in)).astype(F32)
+    wb, xb, nb = dev.put(wbits), dev.put(x), dev.put(nbits)
+    gate_up, fused, unfused = dev.poisoned(2 * inter), dev.poisoned(inter), dev.poisoned(inter)
+    dev.launch(
+        "gemv_bf16",
+        (gemv_groups(2 * inter, split, 0), 1, 1),
+        (256, 1, 1),
+        gemv_args(wb, xb, nb, 1, 1e-6, None, None, gate_up, 2 * inter, k_in, split, 0),
+        shared=4 * k_in,
+    )
+    dev.launch(
+        "swiglu", (8, 1, 1), (256, 1, 1), [("ptr", gate_up.ptr), ("ptr", unfused.ptr), ("i32", 1), ("i32", inter)]
+    )
+    dev.launch(
+        "gemv_bf16",
+        (gemv_groups(2 * inter, split, 1), 1, 1),
+        (256, 1, 1),
+        gemv_args(wb, xb, nb, 1, 1e-6, None, None, fused, 2 * inter, k_in, split, 1),
+        shared=4 * k_in,
+    )
+    same = bool(np.array_equal(dev.get(fused, F32, inter), dev.get(unfused, F32, inter)))
+    record("kernel", f"gemv/swiglu-out-bit-identical/{inter}/split{split}", exact=same)
+    assert same
+
+
 @pytest.mark.parametrize(
-    ("n_out", "k_in", "x_mode", "split"), [(1001, 2048, 1, 1), (300, 6144, 2, 2), (77, 1024, 0, 4)]
+    ("n_out", "k_in", "x_mode", "split", "y_mode"),
+    [(1001, 2048, 1, 1, 0), (300, 6144, 0, 2, 0), (77, 1024, 0, 4, 0), (1202, 2048, 1, 1, 1)],
 )
 def test_gemv_grid_changes_no_bits(
-    dev: Device, rng: np.random.Generator, n_out: int, k_in: int, x_mode: int, split: int
+    dev: Device, rng: np.random.Generator, n_out: int, k_in: int, x_mode: int, split: int, y_mode: int
 ) -> None:
     """Blocks stride over row groups: a grid of a few blocks must give the bits of one block per group."""
     wbits, _ = bf16_random(rng, (n_out, k_in), 0.05)
     bbits, _ = bf16_random(rng, n_out, 0.5)
     nbits, _ = bf16_random(rng, k_in, 0.2, 1.0)
-    x = (2.0 * rng.standard_normal(2 * k_in if x_mode == 2 else k_in)).astype(F32)
-    r = rng.standard_normal(n_out).astype(F32)
+    x = (2.0 * rng.standard_normal(k_in)).astype(F32)
+    n_y = n_out // 2 if y_mode == 1 else n_out
+    r = rng.standard_normal(n_y).astype(F32)
     wb, xb, nb, bb = dev.put(wbits), dev.put(x), dev.put(nbits), dev.put(bbits)
-    groups = -(-n_out // (8 // split))
     outs = []
-    for cols in (groups, 3, 1):
-        y = dev.put(r)  # in place over the residual, as the engine does
+    for cols in (gemv_groups(n_out, split, y_mode), 3, 1):
+        y = dev.put(r)  # in place over the residual, as the engine does (SwiGLU output: overwritten)
         dev.launch(
             "gemv_bf16",
             (cols, 1, 1),
             (256, 1, 1),
-            [
-                ("ptr", wb.ptr),
-                ("ptr", xb.ptr),
-                ("ptr", nb.ptr if x_mode == 1 else 0),
-                ("i32", x_mode),
-                ("f32", 1e-5),
-                ("ptr", bb.ptr),
-                ("ptr", y.ptr),
-                ("ptr", y.ptr),
-                ("i32", n_out),
-                ("i32", k_in),
-                ("i32", split),
-            ],
+            gemv_args(
+                wb,
+                xb,
+                nb if x_mode == 1 else None,
+                x_mode,
+                1e-5,
+                bb,
+                None if y_mode else y,
+                y,
+                n_out,
+                k_in,
+                split,
+                y_mode,
+            ),
             shared=4 * k_in,
         )
-        outs.append(dev.get(y, F32, n_out))
+        outs.append(dev.get(y, F32, n_y))
     same = all(np.array_equal(outs[0], o) for o in outs[1:])
-    record("kernel", f"gemv/grid-independent/{n_out}x{k_in}/split{split}", exact=same)
+    record("kernel", f"gemv/grid-independent/{n_out}x{k_in}/split{split}{OUT_MODES[y_mode]}", exact=same)
     assert same
 
 
@@ -308,19 +326,7 @@ def test_gemm_skinny(dev: Device, rng: np.random.Generator, m: int, n_out: int, 
         "gemv_bf16",
         (-(-n_out // 8), 1, 1),
         (256, 1, 1),
-        [
-            ("ptr", wb.ptr),
-            ("ptr", dev.put(x[t].copy()).ptr),
-            ("ptr", 0),
-            ("i32", 0),
-            ("f32", 1e-6),
-            ("ptr", bb.ptr),
-            ("ptr", y.ptr),
-            ("ptr", y.ptr),
-            ("i32", n_out),
-            ("i32", k_in),
-            ("i32", 1),
-        ],
+        gemv_args(wb, dev.put(x[t].copy()), None, 0, 1e-6, bb, y, y, n_out, k_in, 1, 0),
         shared=4 * k_in,
     )
     same = np.array_equal(dev.get(y, F32, n_out), outs[0][t])
