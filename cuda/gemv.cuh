@@ -15,9 +15,8 @@
 // launch, while the kernel before it finishes; that changes no arithmetic.
 // The output is y_mode:
 //   GEMV_OUT_PLAIN   y[t, n] for every row n
-//   GEMV_OUT_SWIGLU  y[t, j] = silu(row j) * row (N/2 + j), j < N/2, for the fused gate|up weight: a group's first
-//                    half of slots reduce gate rows and its second half the matching up rows, and each up row's
-//                    writer hands its sum to the gate row's writer. The rows' sums and silu_mul are those of a plain
+//   GEMV_OUT_SWIGLU  y[t, j] = silu(row j) * row (N/2 + j), j < N/2, for the fused gate|up weight: the warp that
+//                    reduces gate row j reduces up row j next. The rows' sums and silu_mul are those of a plain
 //                    GEMV followed by the swiglu kernel, so the bits are too; the MLP's down GEMV then stages a plain
 //                    input instead of every block recomputing silu(gate) * up for the whole row.
 // Requires K % 8 == 0 (16-byte rows), checked on the host.
@@ -209,49 +208,46 @@ __device__ __forceinline__ float gemv_row_dot(const uint4* __restrict__ wrow, co
     return gemv_row_dot_from(pf, wrow, xs4, K, part, lane, warps_per_row);
 }
 
-// Which row slot `slot` of group g reduces: consecutive rows, or for GEMV_OUT_SWIGLU gate row j = g * pairs +
-// slot (first half of the slots) or up row N/2 + j (second half), pairs = rows / 2. N (no row) past the end.
-__device__ __forceinline__ int gemv_row(int g, int slot, int rows, int N, int y_mode) {
-    if (y_mode != GEMV_OUT_SWIGLU) return g * rows + slot;
-    const int pairs = rows / 2, half = N / 2, j = g * pairs + slot % pairs;
-    if (j >= half) return N;
-    return slot < pairs ? j : half + j;
-}
-
-// Named barrier 1 + pair for the `threads` threads of a gate/up slot pair (pair < 4). Literal ids, so ptxas reserves
-// only these barriers.
-__device__ __forceinline__ void gemv_pair_barrier(int pair, int threads) {
-    switch (pair) {
-        case 0: asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); break;
-        case 1: asm volatile("bar.sync 2, %0;" ::"r"(threads) : "memory"); break;
-        case 2: asm volatile("bar.sync 3, %0;" ::"r"(threads) : "memory"); break;
-        default: asm volatile("bar.sync 4, %0;" ::"r"(threads) : "memory"); break;
+// The row that slot `slot` reduces in a block's iteration `it` (group g = blockIdx.x + it * gridDim.x for plain
+// output): row g * rows + slot. For GEMV_OUT_SWIGLU a block takes each group twice, g = blockIdx.x + (it / 2) *
+// gridDim.x: gate row j = g * rows + slot on even iterations, its up row N/2 + j on the next. Returns N (no row)
+// past the end; *g_out receives the group.
+__device__ __forceinline__ int gemv_row(int it, int slot, int rows, int N, int y_mode, int* g_out) {
+    if (y_mode != GEMV_OUT_SWIGLU) {
+        const int g = blockIdx.x + it * gridDim.x;
+        *g_out = g;
+        return min(g * rows + slot, N);
     }
+    const int g = blockIdx.x + (it >> 1) * gridDim.x, half = N / 2, j = g * rows + slot;
+    *g_out = g;
+    if (j >= half) return N;
+    return it & 1 ? half + j : j;
 }
 
 // Row t of x starts at t * K; norm_w and eps serve GEMV_IN_RMSNORM only. residual may alias y (GEMV_OUT_PLAIN
 // only). A block owns groups of rows = 8 / warps_per_row row slots: group blockIdx.x, then every gridDim.x-th
 // group, so any grid (ncols, n_tokens) with 1 <= ncols <= the number of groups (ceil(N / rows); for
-// GEMV_OUT_SWIGLU ceil((N / 2) / (rows / 2)), which needs rows >= 2 and N even) covers every row once; the grid
-// changes no result (a row's arithmetic never depends on its block). The input is staged once per block, and the
-// next group's weights are loaded while the current group is reduced. Dynamic shared memory K * 4 bytes.
+// GEMV_OUT_SWIGLU ceil((N / 2) / rows), N even) covers every row once; the grid changes no result (a row's
+// arithmetic never depends on its block). With GEMV_OUT_SWIGLU a warp reduces gate row j and then up row j, and
+// its writer keeps the gate sum for silu_mul: no warp waits for another. The input is staged once per block, and
+// the next row's weights are loaded while the current one is reduced. Dynamic shared memory K * 4 bytes.
 extern "C" __global__ void __launch_bounds__(GEMV_WARPS * TT_WARP)
 gemv_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_t* __restrict__ norm_w, int x_mode,
           float eps, const bf16_t* __restrict__ bias, const float* residual, float* y, int N, int K,
           int warps_per_row, int y_mode) {
     extern __shared__ float4 xs4[];
     __shared__ float scratch[32];
-    __shared__ float parts[2][GEMV_WARPS];  // alternate halves per group, so one barrier per group suffices
-    __shared__ float up_sums[2][GEMV_WARPS];  // GEMV_OUT_SWIGLU: up row sums for the gate rows' writers, alternating
+    __shared__ float parts[2][GEMV_WARPS];  // alternate halves per iteration, so one barrier per iteration suffices
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
     const int part = warp % warps_per_row;
-    const int rows = GEMV_WARPS / warps_per_row, pairs = rows / 2;
+    const int rows = GEMV_WARPS / warps_per_row;
     const bool swiglu = y_mode == GEMV_OUT_SWIGLU;
-    const int groups = swiglu ? (N / 2 + pairs - 1) / pairs : (N + rows - 1) / rows;
+    const int groups = swiglu ? (N / 2 + rows - 1) / rows : (N + rows - 1) / rows;
     const int slot = warp / warps_per_row;
     const int t = blockIdx.y;
     // Rows past N (and groups past the last) read nothing: their lanes see K = 0.
-    int g = blockIdx.x, n = gemv_row(g, slot, rows, N, y_mode);
+    int g;
+    int n = gemv_row(0, slot, rows, N, y_mode, &g);
     const uint4* wrow = reinterpret_cast<const uint4*>(W + (size_t)min(n, N - 1) * K);
     GemvPrefetch pf = gemv_prefetch(wrow, n < N ? K : 0, part, lane, warps_per_row);
     // The lane that writes a row loads its bias and residual ahead of the dot product, so neither costs a round
@@ -265,8 +261,10 @@ gemv_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_
     gemv_stage_input(xs4, x + (size_t)t * K, norm_w, x_mode, eps, K, scratch);
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 2);
 
-    for (int it = 0; g < groups; g += gridDim.x, ++it) {
-        const int n_next = gemv_row(g + gridDim.x, slot, rows, N, y_mode);
+    float gate = 0.0f;  // GEMV_OUT_SWIGLU: the writer's gate sum, used on the next (up) iteration
+    for (int it = 0; g < groups; ++it) {
+        int g_next;
+        const int n_next = gemv_row(it + 1, slot, rows, N, y_mode, &g_next);
         const uint4* wrow_next = reinterpret_cast<const uint4*>(W + (size_t)min(n_next, N - 1) * K);
         const GemvPrefetch pf_next = gemv_prefetch(wrow_next, n_next < N ? K : 0, part, lane, warps_per_row);
         // rows are owned by one block each, so the next row's residual is not this row's output
@@ -280,23 +278,23 @@ gemv_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_
             if (part == 0 && lane == 0)
                 for (int p = 1; p < warps_per_row; ++p) acc += parts[it & 1][warp + p];  // ascending part order
         }
-        if (bias) acc += b_cur;
-        if (swiglu) {
-            // Slots s and s + pairs (gate and up of output j) meet at named barrier 1 + s % pairs; the alternating
-            // halves of up_sums keep a fast pair from overwriting a sum its partner has not read.
-            const int pair = slot % pairs;
-            if (slot >= pairs && writer) up_sums[it & 1][pair] = acc;
-            gemv_pair_barrier(pair, 2 * warps_per_row * TT_WARP);
-            if (slot < pairs && writer && n < N) y[(size_t)t * (N / 2) + n] = silu_mul(acc, up_sums[it & 1][pair]);
-        } else if (n < N && writer) {
-            if (residual) acc += r_cur;
-            y[(size_t)t * N + n] = acc;
+        if (n < N && writer) {
+            if (bias) acc += b_cur;
+            if (!swiglu) {
+                if (residual) acc += r_cur;
+                y[(size_t)t * N + n] = acc;
+            } else if (it & 1) {
+                y[(size_t)t * (N / 2) + n - N / 2] = silu_mul(gate, acc);
+            } else {
+                gate = acc;
+            }
         }
         b_cur = b_next;
         r_cur = r_next;
         pf = pf_next;
         wrow = wrow_next;
         n = n_next;
+        g = g_next;
     }
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 3);
 }

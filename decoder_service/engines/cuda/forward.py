@@ -60,14 +60,13 @@ def gemv_warps_per_row(n_out: int, k_in: int) -> int:
 def gemv_groups(n_out: int, warps_per_row: int, y_mode: int) -> int:
     """Row groups of a GEMV (cuda/gemv.cuh); a grid of this many blocks gives each block one group.
 
-    A group is GEMV_WARPS // warps_per_row rows; with the SwiGLU output it pairs half as many gate rows with their
-    up rows.
+    A group is GEMV_WARPS // warps_per_row rows; with the SwiGLU output, as many gate rows and their up rows.
     """
     rows = GEMV_WARPS // warps_per_row
     if y_mode == GEMV_OUT_SWIGLU:
-        if n_out % 2 or rows < 2:
-            raise ValueError(f"a SwiGLU-output GEMV needs an even row count and two rows a group, not {n_out}, {rows}")
-        return -(-(n_out // 2) // (rows // 2))
+        if n_out % 2:
+            raise ValueError(f"a SwiGLU-output GEMV needs gate|up rows, an even count, not {n_out}")
+        return -(-(n_out // 2) // rows)
     return -(-n_out // rows)
 
 

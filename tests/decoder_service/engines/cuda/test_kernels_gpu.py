@@ -98,12 +98,12 @@ GEMV_CASES = [  # n_out, k_in, tokens, bias, residual, x_mode, split, y_mode
     (4096, 2048, 1, True, False, 1, 4, 0),
     (2048, 6144, 1, False, True, 0, 8, 0),
     (100, 64, 3, True, True, 1, 1, 0),
-    (100, 256, 3, True, False, 0, 1, 1),  # SwiGLU output; the last group's pairs run past the end
+    (100, 256, 3, True, False, 0, 1, 1),  # SwiGLU output; the last group runs past the end
     (49152, 576, 1, False, False, 1, 1, 0),
     (1001, 2048, 2, True, True, 0, 8, 0),
     (77, 4096, 1, False, True, 1, 2, 0),
     (12288, 2048, 1, False, False, 1, 1, 1),  # the Qwen3-1.7B gate|up shape
-    (300, 1024, 2, False, False, 1, 4, 1),  # one gate/up pair per group
+    (300, 1024, 2, False, False, 1, 4, 1),  # two warps per row, two gate rows and their up rows per group
 ]
 IN_MODES = {0: "plain", 1: "rmsnorm"}
 OUT_MODES = {0: "", 1: "/swiglu-out"}
