@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 from bench.machine import git_commit  # noqa: E402
 from decoder_service.engines.cuda import driver  # noqa: E402
 from decoder_service.engines.cuda.driver import Event, Stream, call, cuda_available  # noqa: E402
-from decoder_service.engines.cuda.forward import GEMV_MAX_BLOCKS, GEMV_WARPS, CudaModel  # noqa: E402
+from decoder_service.engines.cuda.forward import GEMV_MAX_BLOCKS, CudaModel, gemv_groups  # noqa: E402
 from decoder_service.engines.cuda.memory import DeviceBuffer, to_bf16_bits  # noqa: E402
 from decoder_service.engines.cuda.module import Launch, Module  # noqa: E402
 from decoder_service.engines.cuda.weights import weight_bytes  # noqa: E402
@@ -123,8 +123,8 @@ def gemv_grid_sweep(stream: Stream, launches: list[Launch], blocks: list[int]) -
     for label in sorted({launch.label for launch in launches if launch.label.startswith("gemv:")}):
         group = [launch for launch in launches if launch.label == label]
         built = group[0].grid
-        n_out, warps_per_row = int(group[0].arg(8)), int(group[0].arg(10))  # gemv_bf16's N and warps_per_row
-        groups = -(-n_out // (GEMV_WARPS // warps_per_row))
+        n_at, swiglu = gemv_n_index(group[0])
+        groups = gemv_groups(int(group[0].arg(n_at)), int(group[0].arg(n_at + 2)), swiglu)
         out[label] = {"built": built[0]}
         for n in blocks:
             for launch in group:
@@ -139,18 +139,26 @@ def gemv_split_sweep(stream: Stream, launches: list[Launch], label: str, splits:
     """Step time with one GEMV group's rows shared by each of ``splits`` warps (timing only: the split changes
     the reduction order, so the values differ from the engine's)."""
     group = [launch for launch in launches if launch.label == label]
-    built_grid, built_split = group[0].grid, int(group[0].arg(10))
+    n_at, swiglu = gemv_n_index(group[0])
+    built_grid, built_split = group[0].grid, int(group[0].arg(n_at + 2))
     out: dict[str, float] = {"built": built_split}
     for split in splits:
-        blocks = min(-(-int(group[0].arg(8)) // (GEMV_WARPS // split)), GEMV_MAX_BLOCKS)
+        blocks = min(gemv_groups(int(group[0].arg(n_at)), split, swiglu), GEMV_MAX_BLOCKS)
         for launch in group:
-            launch.set(10, split)
+            launch.set(n_at + 2, split)
             launch.set_grid((blocks, 1, 1))
         out[str(split)] = graph_ms(stream, launches)
     for launch in group:
-        launch.set(10, built_split)
+        launch.set(n_at + 2, built_split)
         launch.set_grid(built_grid)
     return out
+
+
+def gemv_n_index(launch: Launch) -> tuple[int, bool]:
+    """The index of a GEMV launch's N argument (warps_per_row is two further on), and whether it is the SwiGLU-output
+    kernel, which has no residual argument."""
+    swiglu = launch.kernel.name == "gemv_swiglu_bf16"
+    return (7 if swiglu else 8), swiglu
 
 
 def prefix_costs(stream: Stream, launches: list[Launch], count: int) -> list[dict[str, float | str]]:

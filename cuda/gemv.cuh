@@ -13,12 +13,10 @@
 // A lane's first GEMV_PREFETCH chunks are loaded into registers before the input is staged, so the weight
 // stream is in flight while the block stages (and normalises) its input, and, under a programmatic dependent
 // launch, while the kernel before it finishes; that changes no arithmetic.
-// The output is y_mode:
-//   GEMV_OUT_PLAIN   y[t, n] for every row n
-//   GEMV_OUT_SWIGLU  y[t, j] = silu(row j) * row (N/2 + j), j < N/2, for the fused gate|up weight: the warp that
-//                    reduces gate row j reduces up row j next. The rows' sums and silu_mul are those of a plain
-//                    GEMV followed by the swiglu kernel, so the bits are too; the MLP's down GEMV then stages a plain
-//                    input instead of every block recomputing silu(gate) * up for the whole row.
+// gemv_swiglu_bf16 writes silu(row j) * row (N/2 + j), j < N/2, for the fused gate|up weight instead: the warp
+// that reduces gate row j reduces up row j next. The rows' sums and silu_mul are those of gemv_bf16 followed by the
+// swiglu kernel, so the bits are too; the MLP's down GEMV then stages a plain input instead of every block
+// recomputing silu(gate) * up for its whole row.
 // Requires K % 8 == 0 (16-byte rows), checked on the host.
 #pragma once
 #include "common.cuh"
@@ -27,8 +25,6 @@
 #define GEMV_WARPS 8  // warps per block of 256 threads
 #define GEMV_IN_PLAIN 0
 #define GEMV_IN_RMSNORM 1
-#define GEMV_OUT_PLAIN 0
-#define GEMV_OUT_SWIGLU 1
 
 #define GEMV_STAGE_BATCH 4  // float4 loads per thread issued together while staging (all in flight at once)
 
@@ -208,12 +204,13 @@ __device__ __forceinline__ float gemv_row_dot(const uint4* __restrict__ wrow, co
     return gemv_row_dot_from(pf, wrow, xs4, K, part, lane, warps_per_row);
 }
 
-// The row that slot `slot` reduces in a block's iteration `it` (group g = blockIdx.x + it * gridDim.x for plain
-// output): row g * rows + slot. For GEMV_OUT_SWIGLU a block takes each group twice, g = blockIdx.x + (it / 2) *
-// gridDim.x: gate row j = g * rows + slot on even iterations, its up row N/2 + j on the next. Returns N (no row)
-// past the end; *g_out receives the group.
-__device__ __forceinline__ int gemv_row(int it, int slot, int rows, int N, int y_mode, int* g_out) {
-    if (y_mode != GEMV_OUT_SWIGLU) {
+// The row that slot `slot` reduces in a block's iteration `it`. Plain output: group g = blockIdx.x + it * gridDim.x,
+// row g * rows + slot. SwiGLU output: a block takes each group twice, g = blockIdx.x + (it / 2) * gridDim.x, gate
+// row j = g * rows + slot on even iterations and its up row N/2 + j on the next. Returns N (no row) past the end;
+// *g_out receives the group.
+template <bool SWIGLU>
+__device__ __forceinline__ int gemv_row(int it, int slot, int rows, int N, int* g_out) {
+    if (!SWIGLU) {
         const int g = blockIdx.x + it * gridDim.x;
         *g_out = g;
         return min(g * rows + slot, N);
@@ -224,30 +221,25 @@ __device__ __forceinline__ int gemv_row(int it, int slot, int rows, int N, int y
     return it & 1 ? half + j : j;
 }
 
-// Row t of x starts at t * K; norm_w and eps serve GEMV_IN_RMSNORM only. residual may alias y (GEMV_OUT_PLAIN
-// only). A block owns groups of rows = 8 / warps_per_row row slots: group blockIdx.x, then every gridDim.x-th
-// group, so any grid (ncols, n_tokens) with 1 <= ncols <= the number of groups (ceil(N / rows); for
-// GEMV_OUT_SWIGLU ceil((N / 2) / rows), N even) covers every row once; the grid changes no result (a row's
-// arithmetic never depends on its block). With GEMV_OUT_SWIGLU a warp reduces gate row j and then up row j, and
-// its writer keeps the gate sum for silu_mul: no warp waits for another. The input is staged once per block, and
-// the next row's weights are loaded while the current one is reduced. Dynamic shared memory K * 4 bytes.
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * TT_WARP)
-gemv_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_t* __restrict__ norm_w, int x_mode,
-          float eps, const bf16_t* __restrict__ bias, const float* residual, float* y, int N, int K,
-          int warps_per_row, int y_mode) {
+// Both kernels' body. They are separate entry points so that the plain GEMV carries none of the SwiGLU output's
+// code: one kernel with a run-time output mode made the plain GEMVs slower on an H200.
+template <bool SWIGLU>
+__device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                          const bf16_t* __restrict__ norm_w, int x_mode, float eps,
+                                          const bf16_t* __restrict__ bias, const float* residual, float* y, int N,
+                                          int K, int warps_per_row) {
     extern __shared__ float4 xs4[];
     __shared__ float scratch[32];
     __shared__ float parts[2][GEMV_WARPS];  // alternate halves per iteration, so one barrier per iteration suffices
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
     const int part = warp % warps_per_row;
     const int rows = GEMV_WARPS / warps_per_row;
-    const bool swiglu = y_mode == GEMV_OUT_SWIGLU;
-    const int groups = swiglu ? (N / 2 + rows - 1) / rows : (N + rows - 1) / rows;
+    const int groups = SWIGLU ? (N / 2 + rows - 1) / rows : (N + rows - 1) / rows;
     const int slot = warp / warps_per_row;
     const int t = blockIdx.y;
     // Rows past N (and groups past the last) read nothing: their lanes see K = 0.
     int g;
-    int n = gemv_row(0, slot, rows, N, y_mode, &g);
+    int n = gemv_row<SWIGLU>(0, slot, rows, N, &g);
     const uint4* wrow = reinterpret_cast<const uint4*>(W + (size_t)min(n, N - 1) * K);
     GemvPrefetch pf = gemv_prefetch(wrow, n < N ? K : 0, part, lane, warps_per_row);
     // The lane that writes a row loads its bias and residual ahead of the dot product, so neither costs a round
@@ -257,19 +249,19 @@ gemv_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4);
     pdl_enter();  // only weights were read so far; the input may still be in the making
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 1);
-    float r_cur = writer && residual && n < N ? residual[(size_t)t * N + n] : 0.0f;
+    float r_cur = !SWIGLU && writer && residual && n < N ? residual[(size_t)t * N + n] : 0.0f;
     gemv_stage_input(xs4, x + (size_t)t * K, norm_w, x_mode, eps, K, scratch);
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 2);
 
-    float gate = 0.0f;  // GEMV_OUT_SWIGLU: the writer's gate sum, used on the next (up) iteration
+    float gate = 0.0f;  // SwiGLU output: the writer's gate sum, used on the next (up) iteration
     for (int it = 0; g < groups; ++it) {
         int g_next;
-        const int n_next = gemv_row(it + 1, slot, rows, N, y_mode, &g_next);
+        const int n_next = gemv_row<SWIGLU>(it + 1, slot, rows, N, &g_next);
         const uint4* wrow_next = reinterpret_cast<const uint4*>(W + (size_t)min(n_next, N - 1) * K);
         const GemvPrefetch pf_next = gemv_prefetch(wrow_next, n_next < N ? K : 0, part, lane, warps_per_row);
         // rows are owned by one block each, so the next row's residual is not this row's output
         const float b_next = writer && bias && n_next < N ? bf16_to_float(bias[n_next]) : 0.0f;
-        const float r_next = writer && residual && n_next < N ? residual[(size_t)t * N + n_next] : 0.0f;
+        const float r_next = !SWIGLU && writer && residual && n_next < N ? residual[(size_t)t * N + n_next] : 0.0f;
         float acc = 0.0f;
         if (n < N) acc = gemv_row_dot_from(pf, wrow, xs4, K, part, lane, warps_per_row);
         if (warps_per_row > 1) {  // uniform across the block
@@ -280,7 +272,7 @@ gemv_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_
         }
         if (n < N && writer) {
             if (bias) acc += b_cur;
-            if (!swiglu) {
+            if (!SWIGLU) {
                 if (residual) acc += r_cur;
                 y[(size_t)t * N + n] = acc;
             } else if (it & 1) {
@@ -297,4 +289,25 @@ gemv_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_
         g = g_next;
     }
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 3);
+}
+
+// Row t of x starts at t * K; norm_w and eps serve GEMV_IN_RMSNORM only; residual may alias y. A block owns groups
+// of rows = 8 / warps_per_row rows: group blockIdx.x, then every gridDim.x-th group, so any grid (ncols,
+// n_tokens) with 1 <= ncols <= ceil(N / rows) covers every row once; the grid changes no result (a row's
+// arithmetic never depends on its block). The input is staged once per block, and the next group's weights are
+// loaded while the current group is reduced. Dynamic shared memory K * 4 bytes.
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * TT_WARP)
+gemv_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_t* __restrict__ norm_w, int x_mode,
+          float eps, const bf16_t* __restrict__ bias, const float* residual, float* y, int N, int K,
+          int warps_per_row) {
+    gemv_body<false>(W, x, norm_w, x_mode, eps, bias, residual, y, N, K, warps_per_row);
+}
+
+// The SwiGLU output of the fused gate|up weight (N rows, N even): y[t, j] = silu_mul(row j, row N/2 + j), j < N/2.
+// A warp reduces gate row j and then up row j, and its writer keeps the gate sum: no warp waits for another. The
+// groups are of gate rows (ceil((N / 2) / rows) of them, any grid up to that covers them), each taken twice.
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * TT_WARP)
+gemv_swiglu_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_t* __restrict__ norm_w,
+                 int x_mode, float eps, const bf16_t* __restrict__ bias, float* y, int N, int K, int warps_per_row) {
+    gemv_body<true>(W, x, norm_w, x_mode, eps, bias, nullptr, y, N, K, warps_per_row);
 }

@@ -41,7 +41,6 @@ MAX_SHARED_PER_BLOCK = 227 * 1024
 ARGMAX_THREADS = 1024
 DEFAULT_SHARED_LIMIT = 48 * 1024
 GEMV_IN_PLAIN, GEMV_IN_RMSNORM = 0, 1  # input transforms of cuda/gemv.cuh
-GEMV_OUT_PLAIN, GEMV_OUT_SWIGLU = 0, 1  # outputs of cuda/gemv.cuh: the rows, or silu(gate) * up of gate|up rows
 # Prefill launch lists kept, by (tokens, first position). Requests on one catalog version share the prefix length
 # and their suffixes have a few dozen lengths, so the same lists recur; building one (~250 launches) took 2-3.6 ms
 # of host time on an H200 machine's CPU (bench/gpu_forward.py's prefill study).
@@ -57,13 +56,14 @@ def gemv_warps_per_row(n_out: int, k_in: int) -> int:
     return 2 if k_in >= GEMV_SPLIT_MIN_K else 1
 
 
-def gemv_groups(n_out: int, warps_per_row: int, y_mode: int) -> int:
+def gemv_groups(n_out: int, warps_per_row: int, swiglu_out: bool = False) -> int:
     """Row groups of a GEMV (cuda/gemv.cuh); a grid of this many blocks gives each block one group.
 
-    A group is GEMV_WARPS // warps_per_row rows; with the SwiGLU output, as many gate rows and their up rows.
+    A group is GEMV_WARPS // warps_per_row rows; for gemv_swiglu_bf16, as many gate rows (each taken with its up
+    row).
     """
     rows = GEMV_WARPS // warps_per_row
-    if y_mode == GEMV_OUT_SWIGLU:
+    if swiglu_out:
         if n_out % 2:
             raise ValueError(f"a SwiGLU-output GEMV needs gate|up rows, an even count, not {n_out}")
         return -(-(n_out // 2) // rows)
@@ -139,7 +139,8 @@ class CudaModel:
                     f"GEMV inputs of {gemv_shared // F32} values exceed shared memory; at most "
                     f"{(MAX_SHARED_PER_BLOCK - 1024) // F32}"
                 )
-            module.kernel("gemv_bf16").set_max_dynamic_shared(gemv_shared)
+            for name in ("gemv_bf16", "gemv_swiglu_bf16"):
+                module.kernel(name).set_max_dynamic_shared(gemv_shared)
         skinny_shared = SKINNY_TOKENS * max(c.hidden_size, self.q_width, c.intermediate_size) * F32
         if DEFAULT_SHARED_LIMIT < skinny_shared <= MAX_SHARED_PER_BLOCK:
             module.kernel("gemm_skinny_bf16").set_max_dynamic_shared(skinny_shared)
@@ -270,7 +271,7 @@ class CudaModel:
                         2 * c.intermediate_size,
                         c.hidden_size,
                         "gate_up",
-                        y_mode=GEMV_OUT_SWIGLU,
+                        swiglu_out=True,
                     ),
                     self._gemv(
                         lw.down.ptr,
@@ -397,17 +398,20 @@ class CudaModel:
         n_out: int,
         k_in: int,
         label: str,
-        y_mode: int = GEMV_OUT_PLAIN,
+        swiglu_out: bool = False,
     ) -> Launch:
         """y[n_out] = in(x) @ W.T (+ bias) (+ residual) for one token; ``x_mode`` picks the input transform.
 
-        With ``y_mode`` GEMV_OUT_SWIGLU, W is the fused gate|up weight and y receives silu(gate) * up (n_out / 2
-        values; no residual).
+        With ``swiglu_out`` W is the fused gate|up weight and y receives silu(gate) * up (n_out / 2 values; no
+        residual), from gemv_swiglu_bf16.
         """
         split = gemv_warps_per_row(n_out, k_in)
-        grid = (min(gemv_groups(n_out, split, y_mode), GEMV_MAX_BLOCKS), 1, 1)
+        grid = (min(gemv_groups(n_out, split, swiglu_out), GEMV_MAX_BLOCKS), 1, 1)
+        if swiglu_out and residual:
+            raise ValueError("the SwiGLU-output GEMV takes no residual")
+        outputs = [("ptr", y)] if swiglu_out else [("ptr", residual), ("ptr", y)]
         return Launch(
-            self.module.kernel("gemv_bf16"),
+            self.module.kernel("gemv_swiglu_bf16" if swiglu_out else "gemv_bf16"),
             grid,
             (THREADS, 1, 1),
             [
@@ -417,12 +421,10 @@ class CudaModel:
                 ("i32", x_mode),
                 ("f32", float(self.config.rms_norm_eps)),
                 ("ptr", bias),
-                ("ptr", residual),
-                ("ptr", y),
+                *outputs,
                 ("i32", n_out),
                 ("i32", k_in),
                 ("i32", split),
-                ("i32", y_mode),
             ],
             shared_bytes=k_in * F32,
             label=f"gemv:{label}",

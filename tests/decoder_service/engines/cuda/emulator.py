@@ -336,29 +336,27 @@ class FakeDriver:
         self.view(out, np.float32, m * a.N)[:] = ref.linear(x, w, bias, res).ravel()
 
     def k_gemv_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        m, x = self._gemv_input(a, grid, shared, -(-a.N // (8 // a.warps_per_row)))
+        self._linear(a, m, x, a.y)
+
+    def k_gemv_swiglu_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        assert a.N % 2 == 0, "the SwiGLU output needs gate|up rows, an even count"
+        m, x = self._gemv_input(a, grid, shared, -(-(a.N // 2) // (8 // a.warps_per_row)))
+        w = self._bf16(a.W, a.N * a.K).reshape(a.N, a.K)
+        bias = self._bf16(a.bias, a.N) if a.bias else None
+        self.view(a.y, np.float32, m * a.N // 2)[:] = ref.swiglu(ref.linear(x, w, bias, None)).ravel()
+
+    def _gemv_input(self, a: SimpleNamespace, grid: tuple, shared: int, groups: int) -> tuple[int, np.ndarray]:
+        """Check a GEMV launch; return its token count and transformed input rows."""
         assert a.warps_per_row == 1 or (a.warps_per_row in (2, 4, 8) and 256 * a.warps_per_row <= a.K), "bad split"
-        rows = 8 // a.warps_per_row
-        assert a.y_mode in (0, 1), f"unknown GEMV output mode {a.y_mode}"
-        swiglu = a.y_mode == 1
-        if swiglu:
-            assert a.N % 2 == 0 and not a.residual, "SwiGLU output needs gate|up rows (an even count), no residual"
-            groups = -(-(a.N // 2) // rows)
-        else:
-            groups = -(-a.N // rows)
         assert 1 <= grid[0] <= groups, "GEMV grid must have between 1 and one block per row group"
         assert shared >= 4 * a.K, "GEMV needs K floats of dynamic shared memory for its input row"
         m = grid[1]
         x = self.view(a.x, np.float32, m * a.K).reshape(m, a.K).astype(np.float64)
         if a.x_mode == 1:
-            x = ref.rmsnorm(x, self._bf16(a.norm_w, a.K), a.eps)
-        else:
-            assert a.x_mode == 0, f"unknown GEMV input mode {a.x_mode}"
-        w = self._bf16(a.W, a.N * a.K).reshape(a.N, a.K)
-        bias = self._bf16(a.bias, a.N) if a.bias else None
-        if swiglu:  # silu(gate) * up of the fused gate|up rows
-            self.view(a.y, np.float32, m * a.N // 2)[:] = ref.swiglu(ref.linear(x, w, bias, None)).ravel()
-        else:
-            self._linear(a, m, x, a.y)
+            return m, ref.rmsnorm(x, self._bf16(a.norm_w, a.K), a.eps)
+        assert a.x_mode == 0, f"unknown GEMV input mode {a.x_mode}"
+        return m, x
 
     def k_gemm_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         assert grid[0] * 64 >= a.N and grid[1] * 64 >= a.M, "GEMM grid does not cover the output"

@@ -23,6 +23,7 @@ def test_cubin_builds_with_every_kernel(tmp_path: Path) -> None:
         "embed_gather",
         "rmsnorm",
         "gemv_bf16",
+        "gemv_swiglu_bf16",
         "gemm_bf16",
         "gemm_skinny_bf16",
         "qk_norm_rope_cache",

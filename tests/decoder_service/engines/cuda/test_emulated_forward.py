@@ -34,7 +34,8 @@ def test_emulated_model_matches_transformers(fake_driver: FakeDriver, shape: str
     # 13 prompt tokens in chunks of 8 take two prefills; both are short enough for the skinny kernel.
     assert fake_driver.launches.count("gemm_skinny_bf16") == 2 * 4 * cfg.num_layers
     assert fake_driver.launches.count("gemm_bf16") == 0
-    assert fake_driver.launches.count("gemv_bf16") == 3 * (4 * cfg.num_layers + 1) + 2  # decode steps + heads
+    assert fake_driver.launches.count("gemv_bf16") == 3 * (3 * cfg.num_layers + 1) + 2  # decode steps + heads
+    assert fake_driver.launches.count("gemv_swiglu_bf16") == 3 * cfg.num_layers  # each decode step's gate|up
     assert model.length == 13 + 3
 
 

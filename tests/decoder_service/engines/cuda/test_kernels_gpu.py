@@ -109,11 +109,33 @@ IN_MODES = {0: "plain", 1: "rmsnorm"}
 OUT_MODES = {0: "", 1: "/swiglu-out"}
 
 
-def gemv_args(w, x, norm_w, x_mode: int, eps: float, bias, residual, y, n_out: int, k_in: int, split: int, y_mode: int):
-    """gemv_bf16's arguments; buffers may be None (a null pointer)."""
+def gemv_launch(
+    dev: Device,
+    grid_x: int,
+    tokens: int,
+    w,
+    x,
+    norm_w,
+    x_mode: int,
+    eps: float,
+    bias,
+    residual,
+    y,
+    n_out: int,
+    k_in: int,
+    split: int,
+    y_mode: int = 0,
+) -> None:
+    """gemv_bf16 (y_mode 0) or gemv_swiglu_bf16 (y_mode 1, no residual); buffers may be None (a null pointer)."""
     ptr = [("ptr", buf.ptr if buf is not None else 0) for buf in (w, x, norm_w)]
-    tail = [("ptr", buf.ptr if buf is not None else 0) for buf in (bias, residual, y)]
-    return [*ptr, ("i32", x_mode), ("f32", eps), *tail, ("i32", n_out), ("i32", k_in), ("i32", split), ("i32", y_mode)]
+    outputs = [("ptr", buf.ptr if buf is not None else 0) for buf in ((bias, y) if y_mode else (bias, residual, y))]
+    dev.launch(
+        "gemv_swiglu_bf16" if y_mode else "gemv_bf16",
+        (grid_x, tokens, 1),
+        (256, 1, 1),
+        [*ptr, ("i32", x_mode), ("f32", eps), *outputs, ("i32", n_out), ("i32", k_in), ("i32", split)],
+        shared=4 * k_in,
+    )
 
 
 @pytest.mark.parametrize(("n_out", "k_in", "tokens", "bias", "residual", "x_mode", "split", "y_mode"), GEMV_CASES)
@@ -138,27 +160,10 @@ def test_gemv(
     bb = dev.put(bbits) if bias else None
     n_y = n_out // 2 if y_mode == 1 else n_out
     y = dev.put(r) if residual else dev.poisoned(tokens * n_y)  # in place over the residual, as the engine does
-    if 4 * k_in > 48 * 1024:
-        dev.module.kernel("gemv_bf16").set_max_dynamic_shared(4 * k_in)
-    dev.launch(
-        "gemv_bf16",
-        (gemv_groups(n_out, split, y_mode), tokens, 1),
-        (256, 1, 1),
-        gemv_args(
-            wb,
-            xb,
-            nb if x_mode == 1 else None,
-            x_mode,
-            1e-5,
-            bb,
-            y if residual else None,
-            y,
-            n_out,
-            k_in,
-            split,
-            y_mode,
-        ),
-        shared=4 * k_in,
+    norm = nb if x_mode == 1 else None
+    grid_x = gemv_groups(n_out, split, y_mode == 1)
+    gemv_launch(
+        dev, grid_x, tokens, wb, xb, norm, x_mode, 1e-5, bb, y if residual else None, y, n_out, k_in, split, y_mode
     )
     inputs = ref.rmsnorm(x, nw, 1e-5) if x_mode == 1 else x
     expected = ref.linear(inputs, w, b if bias else None, r if residual else None)
@@ -183,13 +188,7 @@ def test_gemv_fused_rmsnorm_equals_rmsnorm_kernel(dev: Device, rng: np.random.Ge
         [("ptr", xb.ptr), ("ptr", nb.ptr), ("ptr", xn.ptr), ("i32", k_in), ("f32", 1e-6)],
     )
     for x_in, norm, mode, y in ((xn, None, 0, plain), (xb, nb, 1, fused)):
-        dev.launch(
-            "gemv_bf16",
-            (n_out // 2, 1, 1),
-            (256, 1, 1),
-            gemv_args(wb, x_in, norm, mode, 1e-6, None, None, y, n_out, k_in, 4, 0),
-            shared=4 * k_in,
-        )
+        gemv_launch(dev, n_out // 2, 1, wb, x_in, norm, mode, 1e-6, None, None, y, n_out, k_in, 4)
     same = bool(np.array_equal(dev.get(fused, F32, n_out), dev.get(plain, F32, n_out)))
     record("kernel", "gemv/fused-rmsnorm-bit-identical", exact=same)
     assert same
@@ -197,31 +196,20 @@ def test_gemv_fused_rmsnorm_equals_rmsnorm_kernel(dev: Device, rng: np.random.Ge
 
 @pytest.mark.parametrize(("inter", "split"), [(6144, 1), (150, 2)])
 def test_gemv_swiglu_output_equals_swiglu_kernel(dev: Device, rng: np.random.Generator, inter: int, split: int) -> None:
-    """Decode writes silu(gate) * up from the gate|up GEMV; it must give the bits of the plain GEMV followed by
-    the swiglu kernel (prefill's path)."""
+    """Decode writes silu(gate) * up from the gate|up GEMV (gemv_swiglu_bf16); it must give the bits of the plain
+    GEMV followed by the swiglu kernel (prefill's path)."""
     k_in = 2048
     wbits, _ = bf16_random(rng, (2 * inter, k_in), 0.05)
     nbits, _ = bf16_random(rng, k_in, 0.2, 1.0)
     x = (3.0 * rng.standard_normal(k_in)).astype(F32)
     wb, xb, nb = dev.put(wbits), dev.put(x), dev.put(nbits)
     gate_up, fused, unfused = dev.poisoned(2 * inter), dev.poisoned(inter), dev.poisoned(inter)
-    dev.launch(
-        "gemv_bf16",
-        (gemv_groups(2 * inter, split, 0), 1, 1),
-        (256, 1, 1),
-        gemv_args(wb, xb, nb, 1, 1e-6, None, None, gate_up, 2 * inter, k_in, split, 0),
-        shared=4 * k_in,
-    )
+    gemv_launch(dev, gemv_groups(2 * inter, split), 1, wb, xb, nb, 1, 1e-6, None, None, gate_up, 2 * inter, k_in, split)
     dev.launch(
         "swiglu", (8, 1, 1), (256, 1, 1), [("ptr", gate_up.ptr), ("ptr", unfused.ptr), ("i32", 1), ("i32", inter)]
     )
-    dev.launch(
-        "gemv_bf16",
-        (gemv_groups(2 * inter, split, 1), 1, 1),
-        (256, 1, 1),
-        gemv_args(wb, xb, nb, 1, 1e-6, None, None, fused, 2 * inter, k_in, split, 1),
-        shared=4 * k_in,
-    )
+    grid_x = gemv_groups(2 * inter, split, swiglu_out=True)
+    gemv_launch(dev, grid_x, 1, wb, xb, nb, 1, 1e-6, None, None, fused, 2 * inter, k_in, split, y_mode=1)
     same = bool(np.array_equal(dev.get(fused, F32, inter), dev.get(unfused, F32, inter)))
     record("kernel", f"gemv/swiglu-out-bit-identical/{inter}/split{split}", exact=same)
     assert same
@@ -243,28 +231,10 @@ def test_gemv_grid_changes_no_bits(
     r = rng.standard_normal(n_y).astype(F32)
     wb, xb, nb, bb = dev.put(wbits), dev.put(x), dev.put(nbits), dev.put(bbits)
     outs = []
-    for cols in (gemv_groups(n_out, split, y_mode), 3, 1):
+    for cols in (gemv_groups(n_out, split, y_mode == 1), 3, 1):
         y = dev.put(r)  # in place over the residual, as the engine does (SwiGLU output: overwritten)
-        dev.launch(
-            "gemv_bf16",
-            (cols, 1, 1),
-            (256, 1, 1),
-            gemv_args(
-                wb,
-                xb,
-                nb if x_mode == 1 else None,
-                x_mode,
-                1e-5,
-                bb,
-                None if y_mode else y,
-                y,
-                n_out,
-                k_in,
-                split,
-                y_mode,
-            ),
-            shared=4 * k_in,
-        )
+        norm, residual = nb if x_mode == 1 else None, None if y_mode else y
+        gemv_launch(dev, cols, 1, wb, xb, norm, x_mode, 1e-5, bb, residual, y, n_out, k_in, split, y_mode)
         outs.append(dev.get(y, F32, n_y))
     same = all(np.array_equal(outs[0], o) for o in outs[1:])
     record("kernel", f"gemv/grid-independent/{n_out}x{k_in}/split{split}{OUT_MODES[y_mode]}", exact=same)
@@ -322,13 +292,7 @@ def test_gemm_skinny(dev: Device, rng: np.random.Generator, m: int, n_out: int, 
     y = dev.put(r[t].copy())
     if 4 * k_in > 48 * 1024:
         dev.module.kernel("gemv_bf16").set_max_dynamic_shared(4 * k_in)
-    dev.launch(
-        "gemv_bf16",
-        (-(-n_out // 8), 1, 1),
-        (256, 1, 1),
-        gemv_args(wb, dev.put(x[t].copy()), None, 0, 1e-6, bb, y, y, n_out, k_in, 1, 0),
-        shared=4 * k_in,
-    )
+    gemv_launch(dev, -(-n_out // 8), 1, wb, dev.put(x[t].copy()), None, 0, 1e-6, bb, y, y, n_out, k_in, 1)
     same = np.array_equal(dev.get(y, F32, n_out), outs[0][t])
     record("kernel", f"gemm_skinny/equals-decode-gemv/{m}x{n_out}x{k_in}", exact=same)
     assert same
