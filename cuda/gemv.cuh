@@ -204,42 +204,40 @@ __device__ __forceinline__ float gemv_row_dot(const uint4* __restrict__ wrow, co
     return gemv_row_dot_from(pf, wrow, xs4, K, part, lane, warps_per_row);
 }
 
-// The row that slot `slot` reduces in a block's iteration `it`. Plain output: group g = blockIdx.x + it * gridDim.x,
-// row g * rows + slot. SwiGLU output: a block takes each group twice, g = blockIdx.x + (it / 2) * gridDim.x, gate
-// row j = g * rows + slot on even iterations and its up row N/2 + j on the next. Returns N (no row) past the end;
-// *g_out receives the group.
-template <bool SWIGLU>
-__device__ __forceinline__ int gemv_row(int it, int slot, int rows, int N, int* g_out) {
-    if (!SWIGLU) {
-        const int g = blockIdx.x + it * gridDim.x;
-        *g_out = g;
-        return min(g * rows + slot, N);
-    }
-    const int g = blockIdx.x + (it >> 1) * gridDim.x, half = N / 2, j = g * rows + slot;
-    *g_out = g;
-    if (j >= half) return N;
-    return it & 1 ? half + j : j;
+
+// A row shared by warps_per_row warps: the writer (part 0, lane 0) adds the other parts' sums in ascending order.
+// `parts` (GEMV_WARPS floats) must not be in use by the previous call's readers: callers alternate two of them.
+// Uniform across the block (it synchronises when warps_per_row > 1).
+__device__ __forceinline__ float gemv_fold_parts(float acc, float* parts, int part, int lane, int warp,
+                                                 int warps_per_row) {
+    if (warps_per_row == 1) return acc;
+    if (lane == 0) parts[warp] = acc;
+    __syncthreads();
+    if (part == 0 && lane == 0)
+        for (int p = 1; p < warps_per_row; ++p) acc += parts[warp + p];
+    return acc;
 }
 
-// Both kernels' body. They are separate entry points so that the plain GEMV carries none of the SwiGLU output's
-// code: one kernel with a run-time output mode made the plain GEMVs slower on an H200.
-template <bool SWIGLU>
-__device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ W, const float* __restrict__ x,
-                                          const bf16_t* __restrict__ norm_w, int x_mode, float eps,
-                                          const bf16_t* __restrict__ bias, const float* residual, float* y, int N,
-                                          int K, int warps_per_row) {
+// Row t of x starts at t * K; norm_w and eps serve GEMV_IN_RMSNORM only.
+// residual may alias y. A block owns groups of 8 / warps_per_row consecutive rows: group blockIdx.x, then every
+// gridDim.x-th group, so any grid (ncols, n_tokens) with 1 <= ncols <= ceil(N / (8 / warps_per_row)) covers
+// every row once; the grid changes no result (a row's arithmetic never depends on its block). The input is
+// staged once per block, and the next group's weights are loaded while the current group is reduced.
+// Dynamic shared memory K * 4 bytes.
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * TT_WARP)
+gemv_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_t* __restrict__ norm_w, int x_mode,
+          float eps, const bf16_t* __restrict__ bias, const float* residual, float* y, int N, int K,
+          int warps_per_row) {
     extern __shared__ float4 xs4[];
     __shared__ float scratch[32];
-    __shared__ float parts[2][GEMV_WARPS];  // alternate halves per iteration, so one barrier per iteration suffices
+    __shared__ float parts[2][GEMV_WARPS];  // alternate halves per group, so one barrier per group suffices
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
     const int part = warp % warps_per_row;
-    const int rows = GEMV_WARPS / warps_per_row;
-    const int groups = SWIGLU ? (N / 2 + rows - 1) / rows : (N + rows - 1) / rows;
+    const int rows = GEMV_WARPS / warps_per_row, groups = (N + rows - 1) / rows;
     const int slot = warp / warps_per_row;
     const int t = blockIdx.y;
     // Rows past N (and groups past the last) read nothing: their lanes see K = 0.
-    int g;
-    int n = gemv_row<SWIGLU>(0, slot, rows, N, &g);
+    int g = blockIdx.x, n = g * rows + slot;
     const uint4* wrow = reinterpret_cast<const uint4*>(W + (size_t)min(n, N - 1) * K);
     GemvPrefetch pf = gemv_prefetch(wrow, n < N ? K : 0, part, lane, warps_per_row);
     // The lane that writes a row loads its bias and residual ahead of the dot product, so neither costs a round
@@ -249,19 +247,17 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ W, const fl
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4);
     pdl_enter();  // only weights were read so far; the input may still be in the making
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 1);
-    float r_cur = !SWIGLU && writer && residual && n < N ? residual[(size_t)t * N + n] : 0.0f;
+    float r_cur = writer && residual && n < N ? residual[(size_t)t * N + n] : 0.0f;
     gemv_stage_input(xs4, x + (size_t)t * K, norm_w, x_mode, eps, K, scratch);
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 2);
 
-    float gate = 0.0f;  // SwiGLU output: the writer's gate sum, used on the next (up) iteration
-    for (int it = 0; g < groups; ++it) {
-        int g_next;
-        const int n_next = gemv_row<SWIGLU>(it + 1, slot, rows, N, &g_next);
+    for (int it = 0; g < groups; g += gridDim.x, ++it) {
+        const int n_next = (g + gridDim.x) * rows + slot;
         const uint4* wrow_next = reinterpret_cast<const uint4*>(W + (size_t)min(n_next, N - 1) * K);
         const GemvPrefetch pf_next = gemv_prefetch(wrow_next, n_next < N ? K : 0, part, lane, warps_per_row);
         // rows are owned by one block each, so the next row's residual is not this row's output
         const float b_next = writer && bias && n_next < N ? bf16_to_float(bias[n_next]) : 0.0f;
-        const float r_next = !SWIGLU && writer && residual && n_next < N ? residual[(size_t)t * N + n_next] : 0.0f;
+        const float r_next = writer && residual && n_next < N ? residual[(size_t)t * N + n_next] : 0.0f;
         float acc = 0.0f;
         if (n < N) acc = gemv_row_dot_from(pf, wrow, xs4, K, part, lane, warps_per_row);
         if (warps_per_row > 1) {  // uniform across the block
@@ -272,42 +268,66 @@ __device__ __forceinline__ void gemv_body(const bf16_t* __restrict__ W, const fl
         }
         if (n < N && writer) {
             if (bias) acc += b_cur;
-            if (!SWIGLU) {
-                if (residual) acc += r_cur;
-                y[(size_t)t * N + n] = acc;
-            } else if (it & 1) {
-                y[(size_t)t * (N / 2) + n - N / 2] = silu_mul(gate, acc);
-            } else {
-                gate = acc;
-            }
+            if (residual) acc += r_cur;
+            y[(size_t)t * N + n] = acc;
         }
         b_cur = b_next;
         r_cur = r_next;
         pf = pf_next;
         wrow = wrow_next;
         n = n_next;
-        g = g_next;
     }
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 3);
 }
 
-// Row t of x starts at t * K; norm_w and eps serve GEMV_IN_RMSNORM only; residual may alias y. A block owns groups
-// of rows = 8 / warps_per_row rows: group blockIdx.x, then every gridDim.x-th group, so any grid (ncols,
-// n_tokens) with 1 <= ncols <= ceil(N / rows) covers every row once; the grid changes no result (a row's
-// arithmetic never depends on its block). The input is staged once per block, and the next group's weights are
-// loaded while the current group is reduced. Dynamic shared memory K * 4 bytes.
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * TT_WARP)
-gemv_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_t* __restrict__ norm_w, int x_mode,
-          float eps, const bf16_t* __restrict__ bias, const float* residual, float* y, int N, int K,
-          int warps_per_row) {
-    gemv_body<false>(W, x, norm_w, x_mode, eps, bias, residual, y, N, K, warps_per_row);
-}
-
 // The SwiGLU output of the fused gate|up weight (N rows, N even): y[t, j] = silu_mul(row j, row N/2 + j), j < N/2.
-// A warp reduces gate row j and then up row j, and its writer keeps the gate sum: no warp waits for another. The
-// groups are of gate rows (ceil((N / 2) / rows) of them, any grid up to that covers them), each taken twice.
-extern "C" __global__ void __launch_bounds__(GEMV_WARPS * TT_WARP)
+// A block owns groups of rows = 8 / warps_per_row gate rows (group blockIdx.x, then every gridDim.x-th; any grid up
+// to ceil((N / 2) / rows) covers them). The warp that reduces gate row j reduces up row j next, with the up row's
+// weights requested while it reduces the gate row and the next group's gate row while it reduces the up row; its
+// writer keeps the gate sum for silu_mul, so no warp waits for another. Each row's sum is gemv_bf16's. Held to
+// two resident blocks per SM, as gemv_bf16 (at most 128 registers).
+extern "C" __global__ void __launch_bounds__(GEMV_WARPS * TT_WARP, 2)
 gemv_swiglu_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_t* __restrict__ norm_w,
                  int x_mode, float eps, const bf16_t* __restrict__ bias, float* y, int N, int K, int warps_per_row) {
-    gemv_body<true>(W, x, norm_w, x_mode, eps, bias, nullptr, y, N, K, warps_per_row);
+    extern __shared__ float4 xs4[];
+    __shared__ float scratch[32];
+    __shared__ float parts[2][GEMV_WARPS];  // alternate halves per row, so one barrier per row suffices
+    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
+    const int part = warp % warps_per_row;
+    const int rows = GEMV_WARPS / warps_per_row, half = N / 2, groups = (half + rows - 1) / rows;
+    const int slot = warp / warps_per_row;
+    const int t = blockIdx.y;
+    const bool writer = part == 0 && lane == 0;
+    // Rows past the end (and groups past the last) read nothing: their lanes see K = 0.
+    int g = blockIdx.x, j = g * rows + slot;
+    const uint4* gate_row = reinterpret_cast<const uint4*>(W + (size_t)min(j, half - 1) * K);
+    GemvPrefetch pf_gate = gemv_prefetch(gate_row, j < half ? K : 0, part, lane, warps_per_row);
+    float b_gate = writer && bias && j < half ? bf16_to_float(bias[j]) : 0.0f;  // a weight: read before the wait
+    pdl_enter();  // only weights were read so far; the input may still be in the making
+    gemv_stage_input(xs4, x + (size_t)t * K, norm_w, x_mode, eps, K, scratch);
+
+    for (; g < groups; g += gridDim.x) {
+        const bool valid = j < half;
+        const uint4* up_row = reinterpret_cast<const uint4*>(W + (size_t)(half + min(j, half - 1)) * K);
+        const GemvPrefetch pf_up = gemv_prefetch(up_row, valid ? K : 0, part, lane, warps_per_row);
+        const float b_up = writer && bias && valid ? bf16_to_float(bias[half + j]) : 0.0f;
+        float gate = valid ? gemv_row_dot_from(pf_gate, gate_row, xs4, K, part, lane, warps_per_row) : 0.0f;
+        gate = gemv_fold_parts(gate, parts[0], part, lane, warp, warps_per_row);
+
+        const int j_next = j + gridDim.x * rows;
+        gate_row = reinterpret_cast<const uint4*>(W + (size_t)min(j_next, half - 1) * K);
+        pf_gate = gemv_prefetch(gate_row, j_next < half ? K : 0, part, lane, warps_per_row);
+        const float b_next = writer && bias && j_next < half ? bf16_to_float(bias[j_next]) : 0.0f;
+        float up = valid ? gemv_row_dot_from(pf_up, up_row, xs4, K, part, lane, warps_per_row) : 0.0f;
+        up = gemv_fold_parts(up, parts[1], part, lane, warp, warps_per_row);
+        if (valid && writer) {
+            if (bias) {
+                gate += b_gate;
+                up += b_up;
+            }
+            y[(size_t)t * half + j] = silu_mul(gate, up);
+        }
+        b_gate = b_next;
+        j = j_next;
+    }
 }
