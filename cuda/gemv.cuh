@@ -98,16 +98,16 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
                 }
             }
         }
-    } else {
-        for (int base = threadIdx.x; base < k4; base += GEMV_STAGE_BATCH * stride) {
-            float4 v[GEMV_STAGE_BATCH];
+    } else {  // twice the batch: a 6,144-wide row (the MLP down GEMV's) is staged in one round of loads, not two
+        for (int base = threadIdx.x; base < k4; base += 2 * GEMV_STAGE_BATCH * stride) {
+            float4 v[2 * GEMV_STAGE_BATCH];
 #pragma unroll
-            for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
+            for (int i = 0; i < 2 * GEMV_STAGE_BATCH; ++i) {
                 const int e = base + i * stride;
                 if (e < k4) v[i] = x4[e];
             }
 #pragma unroll
-            for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
+            for (int i = 0; i < 2 * GEMV_STAGE_BATCH; ++i) {
                 const int e = base + i * stride;
                 if (e < k4) xs4[e] = v[i];
             }
