@@ -5,9 +5,9 @@
 //   the grid), so a chunk's partial result does not depend on how many blocks run;
 //   per (head, chunk): scores with one warp per position (lanes own fixed float4 slices, butterfly sum; a warp's
 //   8 rows are loaded before any is used, together with the chunk's V), the chunk's max m and sum l of
-//   exp(s - m) by the fixed block trees, and acc[d] = sum_j p_j v[j, d] with V loaded straight into registers,
-//   positions dealt round-robin to thread groups, the groups added in ascending order; (m, l, acc) go to
-//   `partial`;
+//   exp(s - m) (each warp computes them, bit-identical to the fixed block trees), and acc[d] = sum_j p_j v[j, d]
+//   with V loaded straight into registers, positions dealt round-robin to thread groups, the groups added in
+//   ascending order; (m, l, acc) go to `partial`;
 //   the block that finishes a head last (a counter per head, over the blocks that have a chunk; the others leave
 //   at once) merges its chunks in ascending order (m = max m_c, weights exp(m_c - m)) into out, and resets the
 //   counter. Which block merges changes nothing.
@@ -19,6 +19,7 @@
 #include "rope.cuh"
 
 #define ATTN_CHUNK 64
+static_assert(ATTN_CHUNK == 2 * TT_WARP, "each warp's softmax takes two scores a lane");
 #define ATTN_SPLIT_THREADS 256  // the kernel assumes exactly this block size
 #define ATTN_SPLIT_WARPS (ATTN_SPLIT_THREADS / TT_WARP)
 #define ATTN_ROWS_PER_WARP (ATTN_CHUNK / ATTN_SPLIT_WARPS)
@@ -81,7 +82,8 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
     __shared__ __align__(16) float knew[256];
     __shared__ __align__(16) float vnew[256];
     __shared__ float rope_scratch[2 * 256];  // q and k of the head
-    __shared__ float p[ATTN_CHUNK];
+    __shared__ float p[ATTN_CHUNK];                         // the chunk's scores
+    __shared__ float weights[ATTN_SPLIT_WARPS][ATTN_CHUNK];  // each warp's copy of the softmax weights
     __shared__ float red[ATTN_SPLIT_THREADS];
     __shared__ float scratch[64];
     __shared__ int merge;
@@ -179,11 +181,24 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
         }
         __syncthreads();
         TT_MARK(mark + 4);
-        const float v = threadIdx.x < ATTN_CHUNK ? p[threadIdx.x] : -INFINITY;
-        const float m = block_max(v, scratch);
-        const float e = threadIdx.x < rows ? expf(v - m) : 0.0f;
-        if (threadIdx.x < ATTN_CHUNK) p[threadIdx.x] = e;
-        const float l = block_sum(e, scratch);  // its barriers order the writes to p before the reads below
+        // Softmax weights: every warp works out the chunk's max and sum itself, with no block barrier. The max is
+        // exact in any order; the sum is block_sum's over the 64 values, whose tree adds warp_sum(rows 0-31) and
+        // warp_sum(rows 32-63) (the other warps' partials are zeros), as here. Each warp keeps its own copy of the
+        // weights for its V sums.
+        const float s0 = p[lane], s1 = p[lane + TT_WARP];
+        const float m = warp_max(fmaxf(s0, s1));
+        const float e0 = lane < rows ? expf(s0 - m) : 0.0f, e1 = lane + TT_WARP < rows ? expf(s1 - m) : 0.0f;
+        float l0 = e0, l1 = e1;
+#pragma unroll
+        for (int o = TT_WARP / 2; o > 0; o >>= 1) {  // warp_sum of both, interleaved
+            l0 += __shfl_xor_sync(0xffffffffu, l0, o);
+            l1 += __shfl_xor_sync(0xffffffffu, l1, o);
+        }
+        const float l = l0 + l1;
+        float* pw = weights[warp];
+        pw[lane] = e0;
+        pw[lane + TT_WARP] = e1;
+        __syncwarp();
         TT_MARK(mark + 5);
 
         // Output: thread (g, d) sums rows g, g + groups, ... of column d in ascending order, straight from the
@@ -195,7 +210,7 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
 #pragma unroll
             for (int k = 0; k < ATTN_V_COL; ++k) {
                 const int r = t0 + g + k * groups;
-                if (r < rows) acc = fmaf(p[r], vcol[k], acc);
+                if (r < rows) acc = fmaf(pw[r], vcol[k], acc);
             }
         }
         red[g * head_dim + d] = acc;
@@ -211,18 +226,19 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
             rec[0] = m;
             rec[1] = l;
         }
-        __syncthreads();  // p and red are reused by the next chunk; the records are written
+        __syncthreads();  // p, weights and red are reused by the next chunk; the records are written
     }
 
-    // The last of the head's blocks to get here merges its chunks. As in a cooperative-groups grid sync, the
-    // barrier that ends the chunk loop (a working block has a chunk) orders its threads' record writes before
-    // thread 0's fence and count (release), and thread 0's fence after the count orders the merging block's reads
-    // after the other blocks' writes (acquire).
+    // The last of the head's blocks to get here merges its chunks. The barrier that ends the chunk loop (a working
+    // block has a chunk) orders its threads' record writes before thread 0's count, whose release (cumulative)
+    // publishes them; the merging block's count is also an acquire, and the barrier after it orders its threads'
+    // reads of the other blocks' records after it. One acq_rel atomic instead of two full fences around a relaxed
+    // one.
     TT_MARK(mark + 7);
     if (threadIdx.x == 0) {
-        __threadfence();
-        merge = atomicAdd(done + h, 1) == working - 1;
-        __threadfence();
+        int before;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(done + h) : "memory");
+        merge = before == working - 1;
     }
     __syncthreads();
     TT_MARK(mark + 8);
