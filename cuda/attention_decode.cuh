@@ -13,7 +13,8 @@
 //   counter. Which block merges changes nothing.
 // The new token's k and v (row pos) are computed by every block whose chunk holds pos, together with its q by
 // head_norm_rope_pair (each value bit-identical to the prefill kernel's head_norm_rope_values), and used from shared
-// memory; the first q head of each kv group writes them to the caches. The position comes from device memory (graph replays) or from the host (pos_ptr null).
+// memory; the first q head of each kv group writes them to the caches. The position comes from device memory
+// (graph replays) or from the host (pos_ptr null).
 #pragma once
 #include "common.cuh"
 #include "rope.cuh"

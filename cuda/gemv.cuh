@@ -204,7 +204,6 @@ __device__ __forceinline__ float gemv_row_dot(const uint4* __restrict__ wrow, co
     return gemv_row_dot_from(pf, wrow, xs4, K, part, lane, warps_per_row);
 }
 
-
 // A row shared by warps_per_row warps: the writer (part 0, lane 0) adds the other parts' sums in ascending order.
 // `parts` (GEMV_WARPS floats) must not be in use by the previous call's readers: callers alternate two of them.
 // Uniform across the block (it synchronises when warps_per_row > 1).
