@@ -33,8 +33,8 @@ SLOTS = 8192
 ATTN_PROBES = [
     "entry",
     "after pdl wait",
-    "q (and k) rope done",
-    "new row written",
+    "q (and k) rotated, new row written",
+    "block barrier passed",
     "scores done",
     "softmax done",
     "V done",
