@@ -92,7 +92,6 @@ def test_rmsnorm(dev: Device, rng: np.random.Generator, n: int) -> None:
     check(f"rmsnorm/n={n}", dev.get(out, F32, (rows, n)), ref.rmsnorm(x, w, 1e-6))
 
 
-# (N, K, tokens, bias, residual, input mode, warps per row)
 GEMV_CASES = [  # n_out, k_in, tokens, bias, residual, x_mode, split, y_mode
     (1000, 576, 1, True, True, 0, 2, 0),
     (4096, 2048, 1, True, False, 1, 4, 0),
