@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 from bench.machine import git_commit  # noqa: E402
 from decoder_service.engines.cuda import driver  # noqa: E402
 from decoder_service.engines.cuda.driver import Event, Stream, call, cuda_available  # noqa: E402
-from decoder_service.engines.cuda.forward import GEMV_MAX_BLOCKS, CudaModel, gemv_groups  # noqa: E402
+from decoder_service.engines.cuda.forward import CudaModel, gemv_groups  # noqa: E402
 from decoder_service.engines.cuda.memory import DeviceBuffer, to_bf16_bits  # noqa: E402
 from decoder_service.engines.cuda.module import Launch, Module  # noqa: E402
 from decoder_service.engines.cuda.weights import weight_bytes  # noqa: E402
@@ -123,8 +123,7 @@ def gemv_grid_sweep(stream: Stream, launches: list[Launch], blocks: list[int]) -
     for label in sorted({launch.label for launch in launches if launch.label.startswith("gemv:")}):
         group = [launch for launch in launches if launch.label == label]
         built = group[0].grid
-        n_at, swiglu = gemv_n_index(group[0])
-        groups = gemv_groups(int(group[0].arg(n_at)), int(group[0].arg(n_at + 2)), swiglu)
+        groups = gemv_launch_groups(group[0])
         out[label] = {"built": built[0]}
         for n in blocks:
             for launch in group:
@@ -135,30 +134,18 @@ def gemv_grid_sweep(stream: Stream, launches: list[Launch], blocks: list[int]) -
     return out
 
 
-def gemv_split_sweep(stream: Stream, launches: list[Launch], label: str, splits: list[int]) -> dict[str, float]:
-    """Step time with one GEMV group's rows shared by each of ``splits`` warps (timing only: the split changes
-    the reduction order, so the values differ from the engine's)."""
-    group = [launch for launch in launches if launch.label == label]
-    n_at, swiglu = gemv_n_index(group[0])
-    built_grid, built_split = group[0].grid, int(group[0].arg(n_at + 2))
-    out: dict[str, float] = {"built": built_split}
-    for split in splits:
-        blocks = min(gemv_groups(int(group[0].arg(n_at)), split, swiglu), GEMV_MAX_BLOCKS)
-        for launch in group:
-            launch.set(n_at + 2, split)
-            launch.set_grid((blocks, 1, 1))
-        out[str(split)] = graph_ms(stream, launches)
-    for launch in group:
-        launch.set(n_at + 2, built_split)
-        launch.set_grid(built_grid)
-    return out
-
-
 def gemv_n_index(launch: Launch) -> tuple[int, bool]:
-    """The index of a GEMV launch's N argument (warps_per_row is two further on), and whether it is the SwiGLU-output
-    kernel, which has no residual argument."""
-    swiglu = launch.kernel.name == "gemv_swiglu_bf16"
+    """The index of a GEMV launch's N argument, and whether it is a SwiGLU-output kernel, which has no residual
+    argument."""
+    swiglu = launch.kernel.name in ("gemv_swiglu_bf16", "gemv_stream_swiglu_bf16")
     return (7 if swiglu else 8), swiglu
+
+
+def gemv_launch_groups(launch: Launch) -> int:
+    """Row groups of a GEMV launch: the most blocks its grid may have."""
+    n_at, swiglu = gemv_n_index(launch)
+    streams = launch.kernel.name.startswith("gemv_stream")  # one warp per row; two arguments on: the ring depth
+    return gemv_groups(int(launch.arg(n_at)), 1 if streams else int(launch.arg(n_at + 2)), swiglu)
 
 
 def prefix_costs(stream: Stream, launches: list[Launch], count: int) -> list[dict[str, float | str]]:
@@ -326,14 +313,6 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
         for label, row in sweep.items():
             cells = " | ".join(f"{row[n]:.3f} ms" for n in sizes)
             lines.append(f"| {label} | {row['built']} | {cells} |")
-    splits = b.get("gemv_down_warps_per_row_sweep_ms_per_token")
-    if splits:
-        cells = ", ".join(f"{n} warps {ms:.3f} ms" for n, ms in splits.items() if n != "built")
-        lines += [
-            "",
-            f"Whole-step time with the MLP down GEMV's rows shared by 1, 2 or 4 warps (built: {splits['built']}; "
-            f"timing only, the reduction order differs): {cells}.",
-        ]
     prefix = b.get("prefix_marginal_us")
     if prefix:
         lines += [
@@ -400,8 +379,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument(
         "--sweeps",
-        default="breakdown,grid,split,prefix,alone,sync,prefill",
-        help="comma-separated studies: breakdown, grid, split, prefix, alone, sync, prefill (default: all)",
+        default="breakdown,grid,prefix,alone,sync,prefill",
+        help="comma-separated studies: breakdown, grid, prefix, alone, sync, prefill (default: all)",
     )
     args = parser.parse_args()
     sweeps = set(args.sweeps.split(",")) - {""}
@@ -441,8 +420,7 @@ def main() -> int:
     step = model.decode_launches
     step_ms = graph_ms(stream, step, 50)
     parts = breakdown(stream, step, step_ms) if "breakdown" in sweeps else {}
-    sweep = gemv_grid_sweep(stream, step, [132, 264, 396, 528]) if "grid" in sweeps else {}
-    down_splits = gemv_split_sweep(stream, step, "gemv:down", [1, 2, 4]) if "split" in sweeps else {}
+    sweep = gemv_grid_sweep(stream, step, [66, 132, 264]) if "grid" in sweeps else {}
     prefix = prefix_costs(stream, step, 16) if "prefix" in sweeps else []
     alone = alone_costs(stream, step) if "alone" in sweeps else {}
     sync = sync_cost() if "sync" in sweeps else {}
@@ -478,7 +456,6 @@ def main() -> int:
         "graph_step_bandwidth_TBps": (w_bytes + kv_bytes_fp32) / (step_ms * 1e-3) / 1e12,
         "graph_step_breakdown": parts,
         "gemv_grid_sweep_ms_per_token": sweep,
-        "gemv_down_warps_per_row_sweep_ms_per_token": down_splits,
         "prefix_marginal_us": prefix,
         "alone_us_per_launch": alone,
         "sync_cost_us": sync,

@@ -1,6 +1,6 @@
 """Where the time of one decode layer's attention and the GEMV after it goes, from timestamps the kernels take.
 
-Builds a second cubin with -DTT_TRACE (probes TT_MARK in cuda/attention_decode.cuh and cuda/gemv.cuh; the
+Builds a second cubin with -DTT_TRACE (probes TT_MARK in cuda/attention_decode.cuh and the GEMVs; the
 product's cubin has none), runs the Qwen3-1.7B-shaped decode step's first launches (embedding, layer 0's qkv
 GEMV, attention, o GEMV), launched from the host with programmatic dependent launch, after a 200-token prefill.
 Writes, for each probe, the earliest, median and latest block in microseconds from the attention's first block

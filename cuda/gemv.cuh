@@ -32,11 +32,16 @@
 // e = threadIdx.x + i * blockDim.x and issues GEMV_STAGE_BATCH of them before it uses any, so staging costs one
 // L2 round trip per batch rather than one per chunk. Every value is the same expression of the same inputs as
 // before, in whatever order the chunks are visited.
+// HALVES: float4 e goes to xs4[(e % 2) * K / 8 + e / 2], so the first and second halves of the 8 inputs of weight
+// chunk c sit at xs4[c] and xs4[K / 8 + c]: a warp reading consecutive chunks then reads consecutive float4s
+// (gemv_stream.cuh).
+template <bool HALVES = false>
 __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const float* __restrict__ xt,
                                                  const bf16_t* __restrict__ norm_w, int x_mode, float eps, int K,
                                                  float* scratch) {
     const float4* x4 = reinterpret_cast<const float4*>(xt);
     const int k4 = K / 4, stride = blockDim.x;
+    auto slot = [K](int e) { return HALVES ? (e % 2) * (K / 8) + e / 2 : e; };
     if (x_mode == GEMV_IN_RMSNORM && k4 <= GEMV_STAGE_BATCH * stride) {
         // The row fits one batch: one round of loads serves the sum of squares (rms_sum_of_squares's partition
         // and order: chunks ascending per thread, components in order) and the normalised values.
@@ -69,7 +74,7 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
                 float w0, w1, w2, w3;
                 bf16x2_to_float(w[i].x, w0, w1);
                 bf16x2_to_float(w[i].y, w2, w3);
-                xs4[e] = make_float4(v[i].x * inv * w0, v[i].y * inv * w1, v[i].z * inv * w2, v[i].w * inv * w3);
+                xs4[slot(e)] = make_float4(v[i].x * inv * w0, v[i].y * inv * w1, v[i].z * inv * w2, v[i].w * inv * w3);
             }
         }
     } else if (x_mode == GEMV_IN_RMSNORM) {
@@ -94,7 +99,8 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
                     bf16x2_to_float(w[i].x, w0, w1);
                     bf16x2_to_float(w[i].y, w2, w3);
                     // x * inv * w, as the rmsnorm kernel writes each element
-                    xs4[e] = make_float4(v[i].x * inv * w0, v[i].y * inv * w1, v[i].z * inv * w2, v[i].w * inv * w3);
+                    xs4[slot(e)] =
+                        make_float4(v[i].x * inv * w0, v[i].y * inv * w1, v[i].z * inv * w2, v[i].w * inv * w3);
                 }
             }
         }
@@ -109,7 +115,7 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
 #pragma unroll
             for (int i = 0; i < 2 * GEMV_STAGE_BATCH; ++i) {
                 const int e = base + i * stride;
-                if (e < k4) xs4[e] = v[i];
+                if (e < k4) xs4[slot(e)] = v[i];
             }
         }
     }

@@ -3,6 +3,7 @@
 #include "embedding.cuh"
 #include "rmsnorm.cuh"
 #include "gemv.cuh"
+#include "gemv_stream.cuh"
 #include "gemm.cuh"
 #include "rope.cuh"
 #include "attention.cuh"

@@ -88,6 +88,19 @@ def compute_capability() -> tuple[int, int]:
     return major, minor
 
 
+def multiprocessor_count() -> int:
+    """Streaming multiprocessors of the current device."""
+    device = call("cuCtxGetDevice")
+    return int(call("cuDeviceGetAttribute", cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device))
+
+
+def shared_memory_per_multiprocessor() -> int:
+    """Bytes of shared memory one SM of the current device offers its resident blocks together."""
+    device = call("cuCtxGetDevice")
+    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+    return int(call("cuDeviceGetAttribute", attr, device))
+
+
 class Stream:
     """A non-blocking stream; every engine launch and copy goes through one, so ordering is explicit."""
 

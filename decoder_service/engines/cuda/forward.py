@@ -8,12 +8,13 @@ from device memory (the previous step's argmax), so the same list can later be c
 from __future__ import annotations
 
 import math
+import os
 from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
 
-from decoder_service.engines.cuda.driver import Stream
+from decoder_service.engines.cuda.driver import Stream, multiprocessor_count, shared_memory_per_multiprocessor
 from decoder_service.engines.cuda.memory import DeviceBuffer
 from decoder_service.engines.cuda.module import Launch, Module
 from decoder_service.engines.cuda.weights import ModelWeights, upload_weights
@@ -22,14 +23,25 @@ from decoder_service.models.config import ModelConfig
 F32 = 4
 THREADS = 256
 GEMV_WARPS = 8  # warps per GEMV block (cuda/gemv.cuh)
-# GEMV blocks stream row groups (cuda/gemv.cuh): two resident 256-thread blocks (at most 128 registers a thread) on
-# each of an H200's 132 SMs; 264 blocks measured fastest against 132, 396 and 528 (docs/cuda-speed-notes.md).
-# The grid changes no result, only how the rows are spread over the SMs.
-GEMV_MAX_BLOCKS = 2 * 132
-# Rows at least this long are shared by two warps. Measured on an H200 with the Qwen3-1.7B shape, the MLP down
-# GEMV (6,144-wide rows) is faster with one warp per row once the batch past the prefetch is requested early;
-# longer rows are unmeasured and keep two.
+# Rows at least this long are shared by two warps, in gemv_bf16 (cuda/gemv.cuh); shorter rows take one warp each,
+# in the streaming GEMV below. Measured on an H200 with the Qwen3-1.7B shape, the MLP down GEMV (6,144-wide rows)
+# is faster with one warp per row; longer rows are unmeasured and keep two.
 GEMV_SPLIT_MIN_K = 8192
+# gemv_bf16's blocks loop over row groups: two resident 256-thread blocks (at most 128 registers a thread) on each
+# of an H200's 132 SMs; 264 blocks measured fastest against 132, 396 and 528 (docs/cuda-speed-notes.md). The grid
+# changes no result, only how the rows are spread over the SMs.
+GEMV_MAX_BLOCKS = 2 * 132
+# Decode GEMVs with one warp per row stream their weights through shared memory (cuda/gemv_stream.cuh): each warp
+# keeps a ring of row pieces (up to 2,048 columns, 4 KB) in flight, issued by the copy unit before the kernel ahead
+# has finished. Two blocks per SM measured fastest on an H200 (docs/cuda-speed-notes.md), each with as deep a ring as
+# two blocks' shared memory allows: 3 pieces per warp for 2,048-wide rows, 2 for the 6,144-wide down projection.
+# TOOLTRIE_GEMV_BLOCKS_PER_SM and TOOLTRIE_GEMV_STAGES (a cap on the depth) override them, to tune another GPU.
+GSTREAM_THREADS = 8 * 32
+GSTREAM_TILE_BYTES = 8 * 2048 * 2  # one piece per warp: the shared memory of one ring stage
+GSTREAM_MAX_STAGES = 6  # cuda/gemv_stream.cuh
+GSTREAM_STATIC_SHARED = 512  # its static shared memory (ptxas -v): the ring's barriers and a reduction scratch
+GSTREAM_BLOCKS_PER_SM = 2
+SM_RESERVED_SHARED = 1024  # shared memory the hardware keeps per resident block
 GEMM_TILE = 64  # GEMM_BM == GEMM_BN in cuda/gemm.cuh
 SKINNY_TOKENS = 8  # GEMM_SKINNY_T: tokens per block of the skinny prefill kernel (cuda/gemm.cuh)
 SKINNY_MAX_TOKENS = 64  # prefills of at most this many tokens use it (request suffixes); longer ones, the tiled GEMM
@@ -68,6 +80,24 @@ def gemv_groups(n_out: int, warps_per_row: int, swiglu_out: bool = False) -> int
             raise ValueError(f"a SwiGLU-output GEMV needs gate|up rows, an even count, not {n_out}")
         return -(-(n_out // 2) // rows)
     return -(-n_out // rows)
+
+
+def gemv_stream_shared(k_in: int, stages: int) -> int:
+    """Dynamic shared memory of a streaming GEMV block: its ring of weight pieces and its staged input row."""
+    return stages * GSTREAM_TILE_BYTES + k_in * F32
+
+
+def gemv_stream_stages(k_in: int, blocks_per_sm: int, sm_shared: int, cap: int = GSTREAM_MAX_STAGES) -> int:
+    """The deepest ring (at most ``cap``) with which ``blocks_per_sm`` streaming GEMV blocks of ``k_in``-wide rows
+    fit in one SM's ``sm_shared`` bytes of shared memory."""
+    per_block = sm_shared // blocks_per_sm - SM_RESERVED_SHARED - GSTREAM_STATIC_SHARED - k_in * F32
+    stages = min(cap, per_block // GSTREAM_TILE_BYTES)
+    if stages < 1:
+        raise ValueError(
+            f"{blocks_per_sm} streaming GEMV blocks of {k_in}-wide rows do not fit in {sm_shared} bytes of shared "
+            "memory per SM; lower TOOLTRIE_GEMV_BLOCKS_PER_SM"
+        )
+    return stages
 
 
 def check_config(config: ModelConfig) -> None:
@@ -141,6 +171,18 @@ class CudaModel:
                 )
             for name in ("gemv_bf16", "gemv_swiglu_bf16"):
                 module.kernel(name).set_max_dynamic_shared(gemv_shared)
+        blocks_per_sm = _env_int("TOOLTRIE_GEMV_BLOCKS_PER_SM", GSTREAM_BLOCKS_PER_SM, 1, 4)
+        stage_cap = _env_int("TOOLTRIE_GEMV_STAGES", GSTREAM_MAX_STAGES, 1, GSTREAM_MAX_STAGES)
+        sm_shared = shared_memory_per_multiprocessor()
+        self.gemv_blocks = blocks_per_sm * multiprocessor_count()
+        widths = {c.hidden_size, self.q_width, c.intermediate_size}
+        # ring depth per input width (the launches of one width all share it)
+        self.gemv_stages = {k: gemv_stream_stages(k, blocks_per_sm, sm_shared, stage_cap) for k in widths}
+        stream_shared = max(gemv_stream_shared(k, s) for k, s in self.gemv_stages.items())
+        for name in ("gemv_stream_bf16", "gemv_stream_swiglu_bf16"):
+            module.kernel(name).set_max_dynamic_shared(stream_shared)
+        for name in ("gemv_stream_bf16", "gemv_stream_swiglu_bf16", "attention_decode"):
+            module.kernel(name).prefer_max_shared()
         skinny_shared = SKINNY_TOKENS * max(c.hidden_size, self.q_width, c.intermediate_size) * F32
         if DEFAULT_SHARED_LIMIT < skinny_shared <= MAX_SHARED_PER_BLOCK:
             module.kernel("gemm_skinny_bf16").set_max_dynamic_shared(skinny_shared)
@@ -403,29 +445,36 @@ class CudaModel:
         """y[n_out] = in(x) @ W.T (+ bias) (+ residual) for one token; ``x_mode`` picks the input transform.
 
         With ``swiglu_out`` W is the fused gate|up weight and y receives silu(gate) * up (n_out / 2 values; no
-        residual), from gemv_swiglu_bf16.
+        residual). Rows of one warp go to the streaming kernels (gemv_stream_bf16, gemv_stream_swiglu_bf16), rows
+        shared by several warps to gemv_bf16 and gemv_swiglu_bf16.
         """
         split = gemv_warps_per_row(n_out, k_in)
-        grid = (min(gemv_groups(n_out, split, swiglu_out), GEMV_MAX_BLOCKS), 1, 1)
         if swiglu_out and residual:
             raise ValueError("the SwiGLU-output GEMV takes no residual")
         outputs = [("ptr", y)] if swiglu_out else [("ptr", residual), ("ptr", y)]
+        inputs = [
+            ("ptr", w),
+            ("ptr", x),
+            ("ptr", norm_w),
+            ("i32", x_mode),
+            ("f32", float(self.config.rms_norm_eps)),
+            ("ptr", bias),
+        ]
+        if split == 1:  # the same bits as gemv_bf16 with one warp per row
+            return Launch(
+                self.module.kernel("gemv_stream_swiglu_bf16" if swiglu_out else "gemv_stream_bf16"),
+                (min(gemv_groups(n_out, 1, swiglu_out), self.gemv_blocks), 1, 1),
+                (GSTREAM_THREADS, 1, 1),
+                [*inputs, *outputs, ("i32", n_out), ("i32", k_in), ("i32", self.gemv_stages[k_in])],
+                shared_bytes=gemv_stream_shared(k_in, self.gemv_stages[k_in]),
+                label=f"gemv:{label}",
+            )
+        grid = (min(gemv_groups(n_out, split, swiglu_out), GEMV_MAX_BLOCKS), 1, 1)
         return Launch(
             self.module.kernel("gemv_swiglu_bf16" if swiglu_out else "gemv_bf16"),
             grid,
             (THREADS, 1, 1),
-            [
-                ("ptr", w),
-                ("ptr", x),
-                ("ptr", norm_w),
-                ("i32", x_mode),
-                ("f32", float(self.config.rms_norm_eps)),
-                ("ptr", bias),
-                *outputs,
-                ("i32", n_out),
-                ("i32", k_in),
-                ("i32", split),
-            ],
+            [*inputs, *outputs, ("i32", n_out), ("i32", k_in), ("i32", split)],
             shared_bytes=k_in * F32,
             label=f"gemv:{label}",
         )
@@ -538,6 +587,20 @@ class CudaModel:
         for buf in buffers:
             buf.free()
         self.weights.free()
+
+
+def _env_int(name: str, default: int, low: int, high: int) -> int:
+    """An integer setting from the environment, ``default`` when unset; out of [low, high] is an error."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if not low <= value <= high:
+        raise ValueError(f"{name}={value} is out of range: {low} to {high}")
+    return value
 
 
 def _ptr(buf: DeviceBuffer | None) -> int:

@@ -29,6 +29,13 @@ class Kernel:
         attr = driver.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         call("cuFuncSetAttribute", self.handle, attr, int(nbytes))
 
+    def prefer_max_shared(self) -> None:
+        """Ask for the SM configuration with the most shared memory (and the least L1) whenever this kernel runs,
+        so that blocks of consecutive kernels that each hold a large shared-memory ring fit on one SM together
+        and no SM has to drain to change its configuration between them."""
+        attr = driver.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+        call("cuFuncSetAttribute", self.handle, attr, 100)
+
 
 class Launch:
     """A kernel launch whose arguments are packed once into ctypes storage.

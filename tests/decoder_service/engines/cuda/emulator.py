@@ -54,9 +54,14 @@ class FakeDriver:
     CUresult = _Ok
     CUstream_flags = SimpleNamespace(CU_STREAM_NON_BLOCKING=1)
     CUevent_flags = SimpleNamespace(CU_EVENT_DEFAULT=0)
-    CUfunction_attribute = SimpleNamespace(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8)
+    CUfunction_attribute = SimpleNamespace(
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT=9
+    )
     CUdevice_attribute = SimpleNamespace(
-        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR=75, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR=76
+        CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT=16,
+        CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR=81,
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR=75,
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR=76,
     )
     CU_MEMHOSTALLOC_DEVICEMAP = 2
     BASE = 1 << 32
@@ -149,7 +154,7 @@ class FakeDriver:
         return 0, b"Emulated H200\0"
 
     def cuDeviceGetAttribute(self, attr: int, dev: int) -> tuple:
-        return 0, 9 if attr == 75 else 0
+        return 0, {75: 9, 16: 132, 81: 228 * 1024}.get(attr, 0)  # compute capability 9.x, an H200's SMs
 
     def cuDevicePrimaryCtxRetain(self, dev: int) -> tuple:
         return 0, "ctx"
@@ -345,6 +350,27 @@ class FakeDriver:
         w = self._bf16(a.W, a.N * a.K).reshape(a.N, a.K)
         bias = self._bf16(a.bias, a.N) if a.bias else None
         self.view(a.y, np.float32, m * a.N // 2)[:] = ref.swiglu(ref.linear(x, w, bias, None)).ravel()
+
+    def k_gemv_stream_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        m, x = self._gemv_stream_input(a, grid, block, shared, -(-a.N // 8))
+        self._linear(a, m, x, a.y)
+
+    def k_gemv_stream_swiglu_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        assert a.N % 2 == 0, "the SwiGLU output needs gate|up rows, an even count"
+        m, x = self._gemv_stream_input(a, grid, block, shared, -(-(a.N // 2) // 8))
+        w = self._bf16(a.W, a.N * a.K).reshape(a.N, a.K)
+        bias = self._bf16(a.bias, a.N) if a.bias else None
+        self.view(a.y, np.float32, m * a.N // 2)[:] = ref.swiglu(ref.linear(x, w, bias, None)).ravel()
+
+    def _gemv_stream_input(
+        self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int, groups: int
+    ) -> tuple[int, np.ndarray]:
+        """Check a streaming GEMV launch (cuda/gemv_stream.cuh); return its token count and input rows."""
+        assert block == (256, 1, 1), "a streaming GEMV block is eight warps"
+        assert 1 <= a.stages <= 6, f"{a.stages} ring stages; the kernel has barriers for 1 to 6"
+        assert shared >= a.stages * 32768 + 4 * a.K, "the ring and the input row need more shared memory"
+        a.warps_per_row = 1
+        return self._gemv_input(a, grid, shared, groups)
 
     def _gemv_input(self, a: SimpleNamespace, grid: tuple, shared: int, groups: int) -> tuple[int, np.ndarray]:
         """Check a GEMV launch; return its token count and transformed input rows."""

@@ -24,6 +24,8 @@ def test_cubin_builds_with_every_kernel(tmp_path: Path) -> None:
         "rmsnorm",
         "gemv_bf16",
         "gemv_swiglu_bf16",
+        "gemv_stream_bf16",
+        "gemv_stream_swiglu_bf16",
         "gemm_bf16",
         "gemm_skinny_bf16",
         "qk_norm_rope_cache",

@@ -34,8 +34,10 @@ def test_emulated_model_matches_transformers(fake_driver: FakeDriver, shape: str
     # 13 prompt tokens in chunks of 8 take two prefills; both are short enough for the skinny kernel.
     assert fake_driver.launches.count("gemm_skinny_bf16") == 2 * 4 * cfg.num_layers
     assert fake_driver.launches.count("gemm_bf16") == 0
-    assert fake_driver.launches.count("gemv_bf16") == 3 * (3 * cfg.num_layers + 1) + 2  # decode steps + heads
-    assert fake_driver.launches.count("gemv_swiglu_bf16") == 3 * cfg.num_layers  # each decode step's gate|up
+    # Rows this short take one warp each, so every decode GEMV streams its weights through shared memory.
+    assert fake_driver.launches.count("gemv_stream_bf16") == 3 * (3 * cfg.num_layers + 1) + 2  # steps + heads
+    assert fake_driver.launches.count("gemv_stream_swiglu_bf16") == 3 * cfg.num_layers  # each step's gate|up
+    assert fake_driver.launches.count("gemv_bf16") == fake_driver.launches.count("gemv_swiglu_bf16") == 0
     assert model.length == 13 + 3
 
 
@@ -91,3 +93,72 @@ def test_model_rejects_wrong_weight_shape(fake_driver: FakeDriver) -> None:
     weights["model.layers.1.mlp.down_proj.weight"] = weights["model.layers.1.mlp.down_proj.weight"][:, :-8]
     with pytest.raises(ValueError, match=r"down_proj\.weight.*expected"):
         CudaModel(cfg, weights, Module(b"cubin"), max_context=32, max_prefill=8)
+
+
+H200_SM_SHARED = 228 * 1024
+
+
+@pytest.mark.parametrize(
+    ("k_in", "blocks_per_sm", "cap", "stages"),
+    [(2048, 2, 6, 3), (6144, 2, 6, 2), (2048, 1, 6, 6), (2048, 2, 2, 2), (6144, 3, 6, 1), (576, 2, 6, 3)],
+)
+def test_gemv_ring_depth_fits_the_blocks_per_sm(k_in: int, blocks_per_sm: int, cap: int, stages: int) -> None:
+    from decoder_service.engines.cuda.forward import (
+        GSTREAM_STATIC_SHARED,
+        SM_RESERVED_SHARED,
+        gemv_stream_shared,
+        gemv_stream_stages,
+    )
+
+    got = gemv_stream_stages(k_in, blocks_per_sm, H200_SM_SHARED, cap)
+    assert got == stages
+
+    def per_sm(depth: int) -> int:
+        return blocks_per_sm * (gemv_stream_shared(k_in, depth) + GSTREAM_STATIC_SHARED + SM_RESERVED_SHARED)
+
+    assert per_sm(got) <= H200_SM_SHARED
+    assert got == cap or per_sm(got + 1) > H200_SM_SHARED  # the deepest that fits, unless capped
+
+
+def test_gemv_ring_that_cannot_fit_is_refused() -> None:
+    from decoder_service.engines.cuda.forward import gemv_stream_stages
+
+    with pytest.raises(ValueError, match="TOOLTRIE_GEMV_BLOCKS_PER_SM"):
+        gemv_stream_stages(16384, 4, H200_SM_SHARED)
+
+
+@pytest.mark.parametrize(
+    ("env", "error"),
+    [
+        ({"TOOLTRIE_GEMV_STAGES": "0"}, "TOOLTRIE_GEMV_STAGES=0 is out of range: 1 to 6"),
+        ({"TOOLTRIE_GEMV_BLOCKS_PER_SM": "two"}, "TOOLTRIE_GEMV_BLOCKS_PER_SM='two' is not an integer"),
+    ],
+)
+def test_gemv_settings_from_the_environment_are_checked(
+    fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], error: str
+) -> None:
+    from decoder_service.engines.cuda.forward import CudaModel
+    from decoder_service.engines.cuda.module import Module
+
+    cfg = SHAPES["tiny-qwen3"]
+    _, weights = build_reference(cfg, seed=7)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=error):
+        CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8)
+
+
+def test_gemv_settings_shape_the_decode_launches(fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    from decoder_service.engines.cuda.forward import CudaModel
+    from decoder_service.engines.cuda.module import Module
+
+    cfg = SHAPES["tiny-qwen3"]
+    _, weights = build_reference(cfg, seed=7)
+    monkeypatch.setenv("TOOLTRIE_GEMV_STAGES", "2")
+    monkeypatch.setenv("TOOLTRIE_GEMV_BLOCKS_PER_SM", "1")
+    model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8)
+    streams = [launch for launch in model.decode_launches if launch.kernel.name.startswith("gemv_stream")]
+    assert len(streams) == 4 * cfg.num_layers + 1  # qkv, o, gate|up, down per layer, and the dense head
+    depth_at = {"gemv_stream_bf16": 10, "gemv_stream_swiglu_bf16": 9}  # the ring depth: the last argument
+    assert {launch.arg(depth_at[launch.kernel.name]) for launch in streams} == {2}
+    assert max(launch.grid[0] for launch in streams) <= 132  # one block per SM of the emulated H200

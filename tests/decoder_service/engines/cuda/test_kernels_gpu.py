@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from decoder_service.engines.cuda.forward import gemv_groups
+from decoder_service.engines.cuda.forward import GSTREAM_THREADS, gemv_groups, gemv_stream_shared
+from decoder_service.engines.cuda.memory import DeviceBuffer
 from tests.decoder_service.engines.cuda import reference as ref
 from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random, load_module, record, requires_gpu
 
@@ -238,6 +239,109 @@ def test_gemv_grid_changes_no_bits(
     same = all(np.array_equal(outs[0], o) for o in outs[1:])
     record("kernel", f"gemv/grid-independent/{n_out}x{k_in}/split{split}{OUT_MODES[y_mode]}", exact=same)
     assert same
+
+
+def gemv_stream_launch(
+    dev: Device,
+    grid_x: int,
+    tokens: int,
+    w,
+    x,
+    norm_w,
+    x_mode: int,
+    bias,
+    residual,
+    y,
+    n_out: int,
+    k_in: int,
+    stages: int,
+    swiglu: bool,
+) -> None:
+    """gemv_stream_bf16, or gemv_stream_swiglu_bf16 (no residual); buffers may be None (a null pointer)."""
+    name = "gemv_stream_swiglu_bf16" if swiglu else "gemv_stream_bf16"
+    shared = gemv_stream_shared(k_in, stages)
+    dev.module.kernel(name).set_max_dynamic_shared(shared)
+    ptr = [("ptr", buf.ptr if buf is not None else 0) for buf in (w, x, norm_w)]
+    outputs = [("ptr", buf.ptr if buf is not None else 0) for buf in ((bias, y) if swiglu else (bias, residual, y))]
+    args = [*ptr, ("i32", x_mode), ("f32", 1e-5), *outputs, ("i32", n_out), ("i32", k_in), ("i32", stages)]
+    dev.launch(name, (grid_x, tokens, 1), (GSTREAM_THREADS, 1, 1), args, shared=shared)
+
+
+@pytest.mark.parametrize(
+    ("n_out", "k_in", "tokens", "x_mode", "bias", "residual", "swiglu"),
+    [
+        (4096, 2048, 1, 1, True, False, False),  # the Qwen3-1.7B qkv shape, with a Qwen2-style bias
+        (2048, 6144, 1, 0, False, True, False),  # its MLP down: three tiles per row
+        (520, 6144, 1, 1, True, True, False),  # a norm over more than one staging batch
+        (1001, 576, 2, 1, False, True, False),  # SmolLM2's width: a part tile, a part group, two tokens
+        (2 * 1536, 576, 1, 1, False, False, True),  # SmolLM2's gate|up
+        (2 * 150, 2504, 1, 1, True, False, True),  # a whole tile and a part one, a part group
+        (2 * 6144, 2048, 1, 1, False, False, True),  # the Qwen3-1.7B gate|up
+    ],
+)
+def test_gemv_stream_equals_gemv(
+    dev: Device,
+    rng: np.random.Generator,
+    n_out: int,
+    k_in: int,
+    tokens: int,
+    x_mode: int,
+    bias: bool,
+    residual: bool,
+    swiglu: bool,
+) -> None:
+    """The streaming GEMV gives the bits of gemv_bf16 (gemv_swiglu_bf16) with one warp per row, whatever its
+    grid and ring depth: decode uses it in their place, and the sparse head and prefill match those bits."""
+    wbits, w = bf16_random(rng, (n_out, k_in), 0.05)
+    bbits, b = bf16_random(rng, n_out, 0.5)
+    nbits, nw = bf16_random(rng, k_in, 0.2, 1.0)
+    x = (2.0 * rng.standard_normal((tokens, k_in))).astype(F32)
+    n_y = n_out // 2 if swiglu else n_out
+    r = rng.standard_normal((tokens, n_y)).astype(F32)
+    wb, xb = dev.put(wbits), dev.put(x)
+    norm, bb = dev.put(nbits) if x_mode == 1 else None, dev.put(bbits) if bias else None
+
+    def out_buffer() -> DeviceBuffer:
+        return dev.put(r) if residual else dev.poisoned(tokens * n_y)  # in place over the residual
+
+    y = out_buffer()
+    shared = 4 * k_in
+    if shared > 48 * 1024 - 1024:
+        dev.module.kernel("gemv_bf16").set_max_dynamic_shared(shared)
+    groups = gemv_groups(n_out, 1, swiglu)
+    gemv_launch(
+        dev, groups, tokens, wb, xb, norm, x_mode, 1e-5, bb, y if residual else None, y, n_out, k_in, 1, int(swiglu)
+    )
+    expected_bits = dev.get(y, F32, (tokens, n_y))
+    inputs = ref.rmsnorm(x, nw, 1e-5) if x_mode == 1 else x
+    expected = ref.linear(inputs, w, b if bias else None, r if residual else None)
+    if swiglu:
+        expected = ref.swiglu(expected)
+    label = f"gemv_stream/{IN_MODES[x_mode]}{OUT_MODES[int(swiglu)]}/{n_out}x{k_in}x{tokens}"
+    check(label, expected_bits, expected)
+    for grid_x, stages in ((groups, 3), (132, 3), (7, 1), (1, 6), (5, 2)):
+        y = out_buffer()
+        gemv_stream_launch(
+            dev,
+            min(grid_x, groups),
+            tokens,
+            wb,
+            xb,
+            norm,
+            x_mode,
+            bb,
+            y if residual else None,
+            y,
+            n_out,
+            k_in,
+            stages,
+            swiglu,
+        )
+        out = dev.get(y, F32, (tokens, n_y))
+        check(f"{label}/grid{grid_x}/stages{stages}", out, expected)
+        same = bool(np.array_equal(out, expected_bits))
+        record("kernel", f"{label}/grid{grid_x}/stages{stages}/bit-identical", exact=same)
+        assert same, f"{label}: grid {grid_x}, {stages} stages differ from gemv_bf16"
 
 
 def _gemm_args(x, w, bias, residual, out, m: int, n_out: int, k_in: int) -> list[tuple[str, int | float]]:
