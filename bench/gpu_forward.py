@@ -378,6 +378,12 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=200)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument(
+        "--max-context",
+        type=int,
+        default=1024,
+        help="the model's KV capacity, which sets the decode attention's grid (bench/gpu_decode.py's engines: 1024)",
+    )
+    parser.add_argument(
         "--sweeps",
         default="breakdown,grid,prefix,alone,sync,prefill",
         help="comma-separated studies: breakdown, grid, prefix, alone, sync, prefill (default: all)",
@@ -397,7 +403,8 @@ def main() -> int:
     cfg = QWEN3_1_7B
     t0 = time.perf_counter()
     weights = synthetic_weights(cfg, seed=0)
-    model = CudaModel(cfg, weights, module, max_context=args.prompt + args.tokens + 8, max_prefill=256, stream=stream)
+    max_context = max(args.max_context, args.prompt + args.tokens + 8)
+    model = CudaModel(cfg, weights, module, max_context=max_context, max_prefill=256, stream=stream)
     del weights
     setup_s = time.perf_counter() - t0
 
@@ -439,6 +446,7 @@ def main() -> int:
         "cuda_sources_sha256": cuda_sources_sha256(),
         "model": "qwen3-1.7b-shape (random bf16)",
         "prompt_tokens": args.prompt,
+        "max_context": max_context,
         "decode_tokens": args.tokens,
         "decode_launches_per_token": len(step),
         "setup_s": setup_s,

@@ -12,8 +12,8 @@
 // The arithmetic: lane l takes a piece's 16-byte chunks l, l + 32, ..., so across a row's pieces it visits chunks
 // l, l + 32, l + 64, ... in ascending order, as gemv_bf16's lane does with one warp per row; the warp folds with the
 // same butterfly, and the writer adds bias and residual (or takes silu_mul of the gate and up rows) as gemv_bf16
-// (gemv_swiglu_bf16) does. Block b owns the consecutive row groups [b * G / gridDim.x, (b + 1) * G / gridDim.x) of
-// the G groups of 8 output rows; any grid up to G covers every row once, and the grid changes no result.
+// (gemv_swiglu_bf16) does. Block b owns row groups b, b + gridDim.x, ... of the G groups of 8 output rows, as
+// gemv_bf16's blocks do; any grid up to G covers every row once, and the grid changes no result.
 // Requires K % 8 == 0, as gemv_bf16. Dynamic shared memory: stages * GSTREAM_TILE_BYTES + K * 4 bytes.
 #pragma once
 #include "async_copy.cuh"
@@ -34,7 +34,7 @@ struct GstreamCursor {
             kt = 0;
             if (++p == passes) {
                 p = 0;
-                ++g;
+                g += gridDim.x;
             }
         }
     }
@@ -50,15 +50,16 @@ __device__ __forceinline__ void gemv_stream(const bf16_t* __restrict__ W, const 
     __shared__ float scratch[32];
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
     const int t = blockIdx.y;
-    const int out_rows = SWIGLU ? N / 2 : N, groups = (out_rows + GEMV_WARPS - 1) / GEMV_WARPS;
-    const int g_begin = (int)((long long)blockIdx.x * groups / gridDim.x);
-    const int g_end = (int)((long long)(blockIdx.x + 1) * groups / gridDim.x);
+    const int out_rows = SWIGLU ? N / 2 : N;
     const int k_tiles = (K + GSTREAM_TILE_K - 1) / GSTREAM_TILE_K;
     constexpr int passes = SWIGLU ? 2 : 1;  // a group's gate row, then its up row
     stages = max(1, min(stages, GSTREAM_MAX_STAGES));  // the host sizes shared memory for its own value
-    // This warp's rows: the last group may have fewer than 8, and a warp without a row there stops before it.
-    const int warp_g_end = min(g_end, (out_rows - warp + GEMV_WARPS - 1) / GEMV_WARPS);
-    const int pieces = max(0, warp_g_end - g_begin) * passes * k_tiles;
+    // This warp's groups: blockIdx.x, then every gridDim.x-th, up to the last that holds its row (the last group
+    // may have fewer than 8 rows). At any moment the blocks read neighbouring groups, so the weight stream stays
+    // spread over the whole memory rather than over as many distant regions as there are blocks.
+    const int warp_groups = (out_rows - warp + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int my_groups = blockIdx.x < warp_groups ? (warp_groups - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    const int pieces = my_groups * passes * k_tiles;
     unsigned char* ring = gstream_smem + (size_t)warp * stages * (GSTREAM_TILE_K * 2);
 
     if (lane == 0) {
@@ -67,7 +68,7 @@ __device__ __forceinline__ void gemv_stream(const bf16_t* __restrict__ W, const 
     }
     __syncwarp();
     const uint64_t policy = l2_evict_first_policy();  // weights are read once per step
-    GstreamCursor next{g_begin, 0, 0};
+    GstreamCursor next{(int)blockIdx.x, 0, 0};
     auto issue = [&](int slot) {  // lane 0: the next piece into the slot
         const int row = next.p * (N / 2) + next.g * GEMV_WARPS + warp;
         const int col = next.kt * GSTREAM_TILE_K, width = min(GSTREAM_TILE_K, K - col);
@@ -91,7 +92,7 @@ __device__ __forceinline__ void gemv_stream(const bf16_t* __restrict__ W, const 
     const bool writer = lane == 0;
     int i = 0, s = 0;
     uint32_t phase = 0;
-    for (int g = g_begin; g < warp_g_end; ++g) {
+    for (int g = blockIdx.x; g < warp_groups; g += gridDim.x) {
         const int j = g * GEMV_WARPS + warp;  // this warp's output row
         // the writer's residual and bias are in flight while the row is reduced
         const float res = !SWIGLU && writer && residual ? residual[(size_t)t * N + j] : 0.0f;
