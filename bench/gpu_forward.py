@@ -277,7 +277,8 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
     b = bench
     lines += [
         "",
-        f"## Decode timing, batch 1, {b['model']}, {b['prompt_tokens']}-token prompt",
+        f"## Decode timing, batch 1, {b['model']}, {b['prompt_tokens']}-token prompt"
+        + (f", KV capacity {b['max_context']:,} positions" if "max_context" in b else ""),
         "",
         "| what | value |",
         "| --- | --- |",
