@@ -175,12 +175,14 @@ class CudaModel:
         stage_cap = _env_int("TOOLTRIE_GEMV_STAGES", GSTREAM_MAX_STAGES, 1, GSTREAM_MAX_STAGES)
         sm_shared = shared_memory_per_multiprocessor()
         self.gemv_blocks = blocks_per_sm * multiprocessor_count()
-        widths = {c.hidden_size, self.q_width, c.intermediate_size}
-        # ring depth per input width (the launches of one width all share it)
+        # Ring depth per input width of the rows the streaming kernels reduce (one warp per row); longer rows go
+        # to gemv_bf16 and need no ring.
+        widths = {k for k in (c.hidden_size, self.q_width, c.intermediate_size) if gemv_warps_per_row(0, k) == 1}
         self.gemv_stages = {k: gemv_stream_stages(k, blocks_per_sm, sm_shared, stage_cap) for k in widths}
-        stream_shared = max(gemv_stream_shared(k, s) for k, s in self.gemv_stages.items())
-        for name in ("gemv_stream_bf16", "gemv_stream_swiglu_bf16"):
-            module.kernel(name).set_max_dynamic_shared(stream_shared)
+        if widths:
+            stream_shared = max(gemv_stream_shared(k, s) for k, s in self.gemv_stages.items())
+            for name in ("gemv_stream_bf16", "gemv_stream_swiglu_bf16"):
+                module.kernel(name).set_max_dynamic_shared(stream_shared)
         for name in ("gemv_stream_bf16", "gemv_stream_swiglu_bf16", "attention_decode"):
             module.kernel(name).prefer_max_shared()
         skinny_shared = SKINNY_TOKENS * max(c.hidden_size, self.q_width, c.intermediate_size) * F32

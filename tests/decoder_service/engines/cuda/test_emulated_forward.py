@@ -162,3 +162,22 @@ def test_gemv_settings_shape_the_decode_launches(fake_driver: FakeDriver, monkey
     depth_at = {"gemv_stream_bf16": 10, "gemv_stream_swiglu_bf16": 9}  # the ring depth: the last argument
     assert {launch.arg(depth_at[launch.kernel.name]) for launch in streams} == {2}
     assert max(launch.grid[0] for launch in streams) <= 132  # one block per SM of the emulated H200
+
+
+def test_rows_of_two_warps_keep_the_register_gemv(fake_driver: FakeDriver) -> None:
+    """An MLP wider than the split threshold: its down GEMV (rows of two warps) runs on gemv_bf16, and the ring
+    rule, which such rows would not fit at two blocks per SM, is not asked about them."""
+    from decoder_service.engines.cuda.forward import GEMV_SPLIT_MIN_K, CudaModel
+    from decoder_service.engines.cuda.module import Module
+    from decoder_service.models.config import ModelConfig
+
+    wide = 30_000  # a 30,000-wide fp32 input row alone is more than half an SM's shared memory
+    assert wide >= GEMV_SPLIT_MIN_K
+    cfg = ModelConfig("qwen3", 1000, 64, wide, 1, 2, 1, 32, 1e-6, 1e6, 512, True)
+    hf_model, weights = build_reference(cfg, seed=3)
+    model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8)
+    assert set(model.gemv_stages) == {64}
+    kernels = {launch.label: launch.kernel.name for launch in model.decode_launches}
+    assert kernels["gemv:down"] == "gemv_bf16" and kernels["gemv:qkv"] == "gemv_stream_bf16"
+    report = compare_greedy(model, hf_model, [5, 9, 2, 7, 1], new_tokens=2)
+    assert report["token_mismatches"] == 0, report
