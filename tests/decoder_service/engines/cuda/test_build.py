@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from decoder_service.engines.cuda import cuda_available
-from decoder_service.engines.cuda.forward import check_config
+from decoder_service.engines.cuda.forward import ATTN_STATIC_SHARED, GSTREAM_STATIC_SHARED, check_config
 from decoder_service.engines.cuda.memory import bf16_bits_to_float, to_bf16_bits
 from decoder_service.models.config import ModelConfig
-from tooltrie.cuda_build import build_cubin, cuda_sources, cuda_sources_sha256, find_nvcc
+from tooltrie.cuda_build import CUDA_DIR, ENTRY, NVCC_FLAGS, build_cubin, cuda_sources, cuda_sources_sha256, find_nvcc
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed")
@@ -70,3 +72,26 @@ def test_unsupported_head_dim_is_rejected_with_the_fix() -> None:
     cfg = ModelConfig("llama", 100, 96, 64, 1, 2, 1, 48, 1e-5, 1e4, 64, True)
     with pytest.raises(ValueError, match="head_dim 48"):
         check_config(cfg)
+
+
+def ptxas_static_shared(tmp_path: Path) -> dict[str, int]:
+    """{kernel: static shared memory bytes} as ptxas reports them for the product's cubin."""
+    cmd = [find_nvcc(), *NVCC_FLAGS, "-Xptxas", "-v", "-o", str(tmp_path / "verbose.cubin"), ENTRY]
+    report = subprocess.run(cmd, cwd=CUDA_DIR, capture_output=True, text=True, check=True).stderr
+    shared, kernel = {}, None
+    for line in report.splitlines():
+        if m := re.search(r"Compiling entry function '(\w+)'", line):
+            kernel = m.group(1)
+        elif kernel and (m := re.search(r"Used \d+ registers.*?(?:(\d+) bytes smem)?$", line)):
+            shared[kernel] = int(m.group(1) or 0)
+    return shared
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed")
+def test_host_shared_memory_constants_cover_the_kernels(tmp_path: Path) -> None:
+    """The host sizes launches from these constants: the streaming GEMV's ring depth assumes its static shared
+    memory, and the prefill attention's limit on max_context assumes attention's."""
+    shared = ptxas_static_shared(tmp_path)
+    assert shared["gemv_stream_bf16"] <= GSTREAM_STATIC_SHARED
+    assert shared["gemv_stream_swiglu_bf16"] <= GSTREAM_STATIC_SHARED
+    assert shared["attention"] <= ATTN_STATIC_SHARED
