@@ -271,11 +271,11 @@ def gemv_stream_launch(
     ("n_out", "k_in", "tokens", "x_mode", "bias", "residual", "swiglu"),
     [
         (4096, 2048, 1, 1, True, False, False),  # the Qwen3-1.7B qkv shape, with a Qwen2-style bias
-        (2048, 6144, 1, 0, False, True, False),  # its MLP down: three tiles per row
+        (2048, 6144, 1, 0, False, True, False),  # its MLP down: three 2,048-column pieces per row
         (520, 6144, 1, 1, True, True, False),  # a norm over more than one staging batch
-        (1001, 576, 2, 1, False, True, False),  # SmolLM2's width: a part tile, a part group, two tokens
+        (1001, 576, 2, 1, False, True, False),  # SmolLM2's width: a part piece, a part group, two tokens
         (2 * 1536, 576, 1, 1, False, False, True),  # SmolLM2's gate|up
-        (2 * 150, 2504, 1, 1, True, False, True),  # a whole tile and a part one, a part group
+        (2 * 150, 2504, 1, 1, True, False, True),  # a whole piece and a part one, a part group
         (2 * 6144, 2048, 1, 1, False, False, True),  # the Qwen3-1.7B gate|up
     ],
 )
@@ -319,11 +319,11 @@ def test_gemv_stream_equals_gemv(
         expected = ref.swiglu(expected)
     label = f"gemv_stream/{IN_MODES[x_mode]}{OUT_MODES[int(swiglu)]}/{n_out}x{k_in}x{tokens}"
     check(label, expected_bits, expected)
-    for grid_x, stages in ((groups, 3), (132, 3), (7, 1), (1, 6), (5, 2)):
+    for grid_x, stages in ((groups, 3), (min(132, groups), 3), (7, 1), (1, 6), (5, 2)):
         y = out_buffer()
         gemv_stream_launch(
             dev,
-            min(grid_x, groups),
+            grid_x,
             tokens,
             wb,
             xb,
