@@ -127,15 +127,22 @@ def gemv_launch(
     y_mode: int = 0,
 ) -> None:
     """gemv_bf16 (y_mode 0) or gemv_swiglu_bf16 (y_mode 1, no residual); buffers may be None (a null pointer)."""
-    ptr = [("ptr", buf.ptr if buf is not None else 0) for buf in (w, x, norm_w)]
-    outputs = [("ptr", buf.ptr if buf is not None else 0) for buf in ((bias, y) if y_mode else (bias, residual, y))]
+    args = gemv_args(w, x, norm_w, x_mode, eps, bias, residual, y, bool(y_mode))
     dev.launch(
         "gemv_swiglu_bf16" if y_mode else "gemv_bf16",
         (grid_x, tokens, 1),
         (256, 1, 1),
-        [*ptr, ("i32", x_mode), ("f32", eps), *outputs, ("i32", n_out), ("i32", k_in), ("i32", split)],
+        [*args, ("i32", n_out), ("i32", k_in), ("i32", split)],
         shared=4 * k_in,
     )
+
+
+def gemv_args(w, x, norm_w, x_mode: int, eps: float, bias, residual, y, swiglu: bool) -> list[tuple[str, int | float]]:
+    """The arguments every GEMV kernel starts with, up to its output; a SwiGLU-output kernel takes no residual.
+    Buffers may be None (a null pointer)."""
+    ptr = [("ptr", buf.ptr if buf is not None else 0) for buf in (w, x, norm_w)]
+    outputs = [("ptr", buf.ptr if buf is not None else 0) for buf in ((bias, y) if swiglu else (bias, residual, y))]
+    return [*ptr, ("i32", x_mode), ("f32", eps), *outputs]
 
 
 @pytest.mark.parametrize(("n_out", "k_in", "tokens", "bias", "residual", "x_mode", "split", "y_mode"), GEMV_CASES)
@@ -261,10 +268,8 @@ def gemv_stream_launch(
     name = "gemv_stream_swiglu_bf16" if swiglu else "gemv_stream_bf16"
     shared = gemv_stream_shared(k_in, stages)
     dev.module.kernel(name).set_max_dynamic_shared(shared)
-    ptr = [("ptr", buf.ptr if buf is not None else 0) for buf in (w, x, norm_w)]
-    outputs = [("ptr", buf.ptr if buf is not None else 0) for buf in ((bias, y) if swiglu else (bias, residual, y))]
-    args = [*ptr, ("i32", x_mode), ("f32", 1e-5), *outputs, ("i32", n_out), ("i32", k_in), ("i32", stages)]
-    dev.launch(name, (grid_x, tokens, 1), (GSTREAM_THREADS, 1, 1), args, shared=shared)
+    args = [*gemv_args(w, x, norm_w, x_mode, 1e-5, bias, residual, y, swiglu), ("i32", n_out), ("i32", k_in)]
+    dev.launch(name, (grid_x, tokens, 1), (GSTREAM_THREADS, 1, 1), [*args, ("i32", stages)], shared=shared)
 
 
 @pytest.mark.parametrize(
