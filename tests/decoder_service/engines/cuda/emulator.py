@@ -347,9 +347,7 @@ class FakeDriver:
     def k_gemv_swiglu_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         assert a.N % 2 == 0, "the SwiGLU output needs gate|up rows, an even count"
         m, x = self._gemv_input(a, grid, shared, -(-(a.N // 2) // (8 // a.warps_per_row)))
-        w = self._bf16(a.W, a.N * a.K).reshape(a.N, a.K)
-        bias = self._bf16(a.bias, a.N) if a.bias else None
-        self.view(a.y, np.float32, m * a.N // 2)[:] = ref.swiglu(ref.linear(x, w, bias, None)).ravel()
+        self._swiglu_linear(a, m, x)
 
     def k_gemv_stream_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         m, x = self._gemv_stream_input(a, grid, block, shared, -(-a.N // 8))
@@ -358,6 +356,10 @@ class FakeDriver:
     def k_gemv_stream_swiglu_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         assert a.N % 2 == 0, "the SwiGLU output needs gate|up rows, an even count"
         m, x = self._gemv_stream_input(a, grid, block, shared, -(-(a.N // 2) // 8))
+        self._swiglu_linear(a, m, x)
+
+    def _swiglu_linear(self, a: SimpleNamespace, m: int, x: np.ndarray) -> None:
+        """y = silu(gate) * up of the fused gate|up rows (the SwiGLU-output GEMVs)."""
         w = self._bf16(a.W, a.N * a.K).reshape(a.N, a.K)
         bias = self._bf16(a.bias, a.N) if a.bias else None
         self.view(a.y, np.float32, m * a.N // 2)[:] = ref.swiglu(ref.linear(x, w, bias, None)).ravel()
