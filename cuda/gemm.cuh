@@ -96,37 +96,21 @@ __device__ __forceinline__ SkinnyPrefetch skinny_prefetch(const uint4* __restric
 __device__ __forceinline__ void skinny_row_dot(float (&acc)[GEMM_SKINNY_T], const SkinnyPrefetch& pf,
                                                const uint4* __restrict__ wrow, const float4* __restrict__ xs4_t,
                                                int k4, int chunks, int lane) {
-    int c = lane + SKINNY_PREFETCH * TT_WARP;
-    uint4 next[GEMV_BATCH];
+    auto fma_tokens = [&](int ci, const uint4& w) {
 #pragma unroll
-    for (int i = 0; i < GEMV_BATCH; ++i)
-        next[i] = c + i * TT_WARP < chunks ? __ldg(wrow + c + i * TT_WARP) : make_uint4(0u, 0u, 0u, 0u);
+        for (int t = 0; t < GEMM_SKINNY_T; ++t)
+            acc[t] = gemv_fma_chunk(acc[t], w, xs4_t[t * k4 + 2 * ci], xs4_t[t * k4 + 2 * ci + 1]);
+    };
+    gemv_batched_chunks<false>(
+        wrow, lane + SKINNY_PREFETCH * TT_WARP, TT_WARP, chunks,
+        [&] {
 #pragma unroll
-    for (int i = 0; i < SKINNY_PREFETCH; ++i) {
-        const int cp = lane + i * TT_WARP;
-        if (cp < chunks)
-#pragma unroll
-            for (int t = 0; t < GEMM_SKINNY_T; ++t)
-                acc[t] = gemv_fma_chunk(acc[t], pf.w[i], xs4_t[t * k4 + 2 * cp], xs4_t[t * k4 + 2 * cp + 1]);
-    }
-    while (c < chunks) {
-        uint4 cur[GEMV_BATCH];
-#pragma unroll
-        for (int i = 0; i < GEMV_BATCH; ++i) cur[i] = next[i];
-        const int c_next = c + GEMV_BATCH * TT_WARP;
-#pragma unroll
-        for (int i = 0; i < GEMV_BATCH; ++i)
-            next[i] = c_next + i * TT_WARP < chunks ? __ldg(wrow + c_next + i * TT_WARP) : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-        for (int i = 0; i < GEMV_BATCH; ++i) {
-            const int ci = c + i * TT_WARP;
-            if (ci < chunks)
-#pragma unroll
-                for (int t = 0; t < GEMM_SKINNY_T; ++t)
-                    acc[t] = gemv_fma_chunk(acc[t], cur[i], xs4_t[t * k4 + 2 * ci], xs4_t[t * k4 + 2 * ci + 1]);
-        }
-        c = c_next;
-    }
+            for (int i = 0; i < SKINNY_PREFETCH; ++i) {
+                const int cp = lane + i * TT_WARP;
+                if (cp < chunks) fma_tokens(cp, pf.w[i]);
+            }
+        },
+        fma_tokens);
 }
 
 // The block's first row's weights are requested before the wait, and each next row's while the current one is

@@ -162,43 +162,65 @@ __device__ __forceinline__ GemvPrefetch gemv_prefetch(const uint4* __restrict__ 
     return pf;
 }
 
+#define GEMV_BATCH 4  // chunks per lane loaded together past the prefetched ones
+
+// Chunks c, c + step, ... (GEMV_BATCH of them; zeros past `chunks`) of a weight row, loaded together. STREAMING
+// marks them evict-first (decode reads each weight once per step); otherwise they go through the read-only path.
+template <bool STREAMING>
+__device__ __forceinline__ void gemv_load_batch(uint4 (&batch)[GEMV_BATCH], const uint4* __restrict__ wrow, int c,
+                                                int step, int chunks) {
+#pragma unroll
+    for (int i = 0; i < GEMV_BATCH; ++i) {
+        if constexpr (STREAMING)
+            batch[i] = c + i * step < chunks ? __ldcs(wrow + c + i * step) : make_uint4(0u, 0u, 0u, 0u);
+        else
+            batch[i] = c + i * step < chunks ? __ldg(wrow + c + i * step) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+// A lane's chunks c, c + step, ... below `chunks`, in ascending order, GEMV_BATCH at a time with the following
+// batch in flight while one is used: use(ci, w) for each. `ahead` runs once the first batch has been requested: the
+// caller uses its register-prefetched chunks there, so a row longer than the prefetch (the MLP down projection)
+// costs no extra round trip after the prefetch lands.
+template <bool STREAMING, class Ahead, class Use>
+__device__ __forceinline__ void gemv_batched_chunks(const uint4* __restrict__ wrow, int c, int step, int chunks,
+                                                    Ahead ahead, Use use) {
+    uint4 next[GEMV_BATCH];
+    gemv_load_batch<STREAMING>(next, wrow, c, step, chunks);
+    ahead();
+    while (c < chunks) {
+        uint4 cur[GEMV_BATCH];
+#pragma unroll
+        for (int i = 0; i < GEMV_BATCH; ++i) cur[i] = next[i];
+        const int c_next = c + GEMV_BATCH * step;
+        gemv_load_batch<STREAMING>(next, wrow, c_next, step, chunks);
+#pragma unroll
+        for (int i = 0; i < GEMV_BATCH; ++i) {
+            const int ci = c + i * step;
+            if (ci < chunks) use(ci, cur[i]);
+        }
+        c = c_next;
+    }
+}
+
 // One row's dot product with the staged input: lane l of part p reads 16-byte chunks p*32 + l, then every
 // 32*warps_per_row chunks, in ascending order (the first GEMV_PREFETCH of them from pf); the warp folds its lanes
 // with the fixed butterfly. The arithmetic does not depend on which chunks were prefetched.
-#define GEMV_BATCH 4  // chunks per lane loaded together past the prefetched ones
-
 __device__ __forceinline__ float gemv_row_dot_from(const GemvPrefetch& pf, const uint4* __restrict__ wrow,
                                                    const float4* __restrict__ xs4, int K, int part, int lane,
                                                    int warps_per_row) {
     float acc = 0.0f;
     const int chunks = K / 8, step = warps_per_row * TT_WARP, first = part * TT_WARP + lane;
-    // The next batch past the prefetched chunks is requested before the prefetched ones are used, so a row
-    // longer than the prefetch (the MLP down projection) costs no extra round trip after the prefetch lands.
-    int c = first + GEMV_PREFETCH * step;
-    uint4 next[GEMV_BATCH];
+    gemv_batched_chunks<true>(
+        wrow, first + GEMV_PREFETCH * step, step, chunks,
+        [&] {
 #pragma unroll
-    for (int i = 0; i < GEMV_BATCH; ++i)
-        next[i] = c + i * step < chunks ? __ldcs(wrow + c + i * step) : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-    for (int i = 0; i < GEMV_PREFETCH; ++i) {
-        const int cp = first + i * step;
-        if (cp < chunks) acc = gemv_fma_chunk(acc, pf.w[i], xs4[2 * cp], xs4[2 * cp + 1]);
-    }
-    while (c < chunks) {  // ascending chunks, GEMV_BATCH at a time; the following batch is in flight meanwhile
-        uint4 cur[GEMV_BATCH];
-#pragma unroll
-        for (int i = 0; i < GEMV_BATCH; ++i) cur[i] = next[i];
-        const int c_next = c + GEMV_BATCH * step;
-#pragma unroll
-        for (int i = 0; i < GEMV_BATCH; ++i)
-            next[i] = c_next + i * step < chunks ? __ldcs(wrow + c_next + i * step) : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-        for (int i = 0; i < GEMV_BATCH; ++i) {
-            const int ci = c + i * step;
-            if (ci < chunks) acc = gemv_fma_chunk(acc, cur[i], xs4[2 * ci], xs4[2 * ci + 1]);
-        }
-        c = c_next;
-    }
+            for (int i = 0; i < GEMV_PREFETCH; ++i) {
+                const int cp = first + i * step;
+                if (cp < chunks) acc = gemv_fma_chunk(acc, pf.w[i], xs4[2 * cp], xs4[2 * cp + 1]);
+            }
+        },
+        [&](int ci, const uint4& w) { acc = gemv_fma_chunk(acc, w, xs4[2 * ci], xs4[2 * ci + 1]); });
     return warp_sum(acc);
 }
 
