@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.gpu_forward import QWEN3_1_7B, graph_ms, synthetic_weights  # noqa: E402
-from bench.machine import git_commit  # noqa: E402
+from bench.machine import code_identity_lines, git_commit, run_env  # noqa: E402
 from decoder_service.engines.base import PointerEvent, SummaryEvent  # noqa: E402
 from decoder_service.engines.cuda.driver import cuda_available  # noqa: E402
 from decoder_service.models.synth import PRESETS  # noqa: E402
@@ -125,8 +125,8 @@ def end_to_end_section(log: Path) -> list[str]:
 
 def write_report(run_dir: Path, results_dir: Path) -> None:
     """Fold one gpu_run.sh output folder (gates, CPU parity, this benchmark) into results/gpu_engine.{json,md}."""
-    env = (run_dir / "env.txt").read_text().splitlines()
-    sha = next((line.split()[1] for line in env if line.startswith("cuda_sources_sha256")), "?")
+    env, keyed = run_env(run_dir)
+    sha = keyed.get("cuda_sources_sha256", "?")
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     bench = json.loads((run_dir / "bench_gpu_decode.json").read_text())
     gates = [m for m in metrics if m["kind"] == "gate"]
@@ -139,6 +139,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
                 "date": env[0],
                 "device": env[1],
                 "cuda_sources_sha256": sha,
+                "cubin_sha256": keyed.get("cubin_sha256"),
                 "env": env,
                 "gates": gates,
                 "cpu_parity": parity,
@@ -155,7 +156,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
         f"- commit: {git_commit()}",
         f"- device: {env[1]} (name, driver, memory, max SM clock)",
         f"- toolchain: {env[2]}; {env[4]}",
-        f"- cuda/ sources sha256: `{sha}` (`tooltrie.cuda_build.cuda_sources_sha256()`)",
+        *code_identity_lines(keyed),
         "- command: `OUT=<dir> scripts/gpu_run.sh` from the repository root, then "
         "`python3 bench/gpu_decode.py --report <dir> --results results`",
         "",

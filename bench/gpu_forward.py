@@ -24,7 +24,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.machine import git_commit  # noqa: E402
+from bench.machine import code_identity_lines, git_commit, run_env  # noqa: E402
 from decoder_service.engines.cuda import driver  # noqa: E402
 from decoder_service.engines.cuda.driver import Event, Stream, call, cuda_available  # noqa: E402
 from decoder_service.engines.cuda.forward import CudaModel, gemv_groups  # noqa: E402
@@ -223,8 +223,8 @@ def sync_cost() -> dict[str, object]:
 
 def write_report(run_dir: Path, results_dir: Path) -> None:
     """Fold one gpu_run.sh output folder into results/gpu.json and results/gpu.md."""
-    env_lines = (run_dir / "env.txt").read_text().splitlines()
-    sha = next((line.split()[1] for line in env_lines if line.startswith("cuda_sources_sha256")), "?")
+    env_lines, keyed = run_env(run_dir)
+    sha = keyed.get("cuda_sources_sha256", "?")
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     bench = json.loads((run_dir / "bench_gpu_forward.json").read_text())
     combined = {
@@ -232,6 +232,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
         "date": env_lines[0],
         "device": env_lines[1],
         "cuda_sources_sha256": sha,
+        "cubin_sha256": keyed.get("cubin_sha256"),
         "env": env_lines,
         "metrics": metrics,
         "bench": bench,
@@ -247,7 +248,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
         f"- commit: {git_commit()}",
         f"- device: {env_lines[1]} (name, driver, memory, max SM clock)",
         f"- toolchain: {env_lines[2]}; {env_lines[4]}",
-        f"- cuda/ sources sha256: `{sha}` (`tooltrie.cuda_build.cuda_sources_sha256()`)",
+        *code_identity_lines(keyed),
         "- command: `OUT=<dir> scripts/gpu_run.sh` from the repository root, then "
         "`python3 bench/gpu_forward.py --report <dir> --results results`",
         "",

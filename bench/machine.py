@@ -49,6 +49,26 @@ def describe() -> dict[str, Any]:
     }
 
 
+def run_env(run_dir: Path) -> tuple[list[str], dict[str, str]]:
+    """The lines of a scripts/gpu_run.sh folder's env.txt (date, device and toolchain first), and its ``key value``
+    lines (cuda_sources_sha256, cubin_sha256) by key."""
+    lines = (run_dir / "env.txt").read_text().splitlines()
+    pairs = (line.split(maxsplit=1) for line in lines if " " in line)
+    return lines, {key: value for key, value in pairs if key.endswith("_sha256")}
+
+
+def code_identity_lines(keyed: dict[str, str]) -> list[str]:
+    """The results files' lines that name the kernels' sources and, where the run recorded it, the cubin built."""
+    sources = keyed.get("cuda_sources_sha256", "?")
+    lines = [f"- cuda/ sources sha256: `{sources}` (`tooltrie.cuda_build.cuda_sources_sha256()`)"]
+    if "cubin_sha256" in keyed:
+        cubin = keyed["cubin_sha256"]
+        lines.append(
+            f"- cubin sha256: `{cubin}` (`tooltrie cuda build` prints it; the same hash, the same machine code)"
+        )
+    return lines
+
+
 def percentile(values: list[float], q: float) -> float:
     """The q-quantile by nearest rank (no interpolation), as the benchmark tables report it."""
     ordered = sorted(values)

@@ -2,7 +2,8 @@
 # On a GPU machine, from the repository root: time the decode step of several revisions of the CUDA engine in one
 # run (same machine, same minutes), the way docs/cuda-speed-notes.md compares a change with the code before it.
 #
-#   scripts/gpu_ab.sh REV [REV ...]      git revisions; "." is the working tree as it is
+#   scripts/gpu_ab.sh REV [REV ...]      git revisions; "." is the working tree as it is; a directory holding
+#                                        a source tree (an exported revision with a change applied) runs as it is
 #
 # Each revision is exported (git archive) under $OUT/trees, its cubin built there, and its own
 # bench/gpu_forward.py run for every prompt length, the revisions interleaved round by round. Prints and writes
@@ -12,7 +13,7 @@
 # and any TOOLTRIE_* setting, which every revision sees.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 1 ] || { echo "usage: scripts/gpu_ab.sh REV [REV ...]  (\".\" is the working tree)" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: scripts/gpu_ab.sh REV|DIR [REV|DIR ...]  (\".\" is the working tree)" >&2; exit 2; }
 ROOT=$PWD
 OUT="${OUT:-build/gpu-ab}"
 PROMPTS="${PROMPTS:-200 708}"
@@ -29,6 +30,10 @@ for rev in "$@"; do
   if [ "$rev" = "." ]; then
     trees+=("$ROOT")
     labels+=("working tree at $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- || echo ' with changes')")
+  elif [ -d "$rev" ]; then
+    [ -f "$rev/cuda/tooltrie.cu" ] || { echo "not a source tree: $rev" >&2; exit 2; }
+    trees+=("$(cd "$rev" && pwd)")
+    labels+=("$rev")
   else
     name=$(git rev-parse --short "$rev^{commit}") || { echo "not a revision: $rev" >&2; exit 2; }
     tree="$OUT/trees/$name"

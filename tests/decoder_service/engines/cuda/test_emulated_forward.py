@@ -120,6 +120,48 @@ def test_gemv_ring_depth_fits_the_blocks_per_sm(k_in: int, blocks_per_sm: int, c
     assert got == cap or per_sm(got + 1) > H200_SM_SHARED  # the deepest that fits, unless capped
 
 
+@pytest.mark.parametrize(
+    ("k_in", "most", "fixed", "cap", "layout"),
+    [
+        (2048, 2, None, 6, (2, 3)),  # the Qwen3-1.7B qkv and o rows
+        (6144, 2, None, 6, (2, 2)),  # its down rows
+        (2048, 3, None, 6, (3, 2)),  # its gate|up rows (SwiGLU output)
+        (4096, 3, None, 6, (2, 3)),  # three blocks would leave a ring of 1: two
+        (4096, 3, None, 1, (3, 1)),  # unless the cap asks for no more than 1
+        (16000, 3, None, 6, (1, 5)),  # rows so wide that only one block keeps a ring of 2
+        (2048, 3, 1, 6, (1, 6)),  # TOOLTRIE_GEMV_BLOCKS_PER_SM sets the count
+    ],
+)
+def test_gemv_layout_takes_the_most_blocks_that_keep_a_ring_of_two(
+    k_in: int, most: int, fixed: int | None, cap: int, layout: tuple[int, int]
+) -> None:
+    from decoder_service.engines.cuda.forward import gemv_stream_layout, gemv_stream_stages
+
+    assert gemv_stream_layout(k_in, H200_SM_SHARED, most, fixed, cap) == layout
+    blocks, stages = layout
+    assert stages == gemv_stream_stages(k_in, blocks, H200_SM_SHARED, cap)
+
+
+def test_gate_up_gemv_runs_three_blocks_per_sm_and_the_others_two(fake_driver: FakeDriver) -> None:
+    """The default layout on the emulated H200: the SwiGLU-output GEMV with rings of 2 at three blocks per SM, the
+    plain ones (and the dense head) with rings of 3 at two."""
+    from decoder_service.engines.cuda.forward import CudaModel
+    from decoder_service.engines.cuda.module import Module
+
+    cfg = SHAPES["tiny-qwen3"]
+    _, weights = build_reference(cfg, seed=7)
+    model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8)
+    depths = {}
+    for launch in model.decode_launches:
+        if launch.kernel.name == "gemv_stream_swiglu_bf16":
+            depths.setdefault("gate_up", set()).add(launch.arg(9))
+        elif launch.kernel.name == "gemv_stream_bf16":
+            depths.setdefault("plain", set()).add(launch.arg(10))
+    assert depths == {"gate_up": {2}, "plain": {3}}
+    assert model.gemv_layout[(cfg.hidden_size, True)] == (3 * 132, 2)
+    assert model.gemv_layout[(cfg.hidden_size, False)] == (2 * 132, 3)
+
+
 def test_gemv_ring_that_cannot_fit_is_refused() -> None:
     from decoder_service.engines.cuda.forward import gemv_stream_stages
 
@@ -176,7 +218,7 @@ def test_rows_of_two_warps_keep_the_register_gemv(fake_driver: FakeDriver) -> No
     cfg = ModelConfig("qwen3", 1000, 64, wide, 1, 2, 1, 32, 1e-6, 1e6, 512, True)
     hf_model, weights = build_reference(cfg, seed=3)
     model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8)
-    assert set(model.gemv_stages) == {64}
+    assert set(model.gemv_layout) == {(64, False), (64, True)}
     kernels = {launch.label: launch.kernel.name for launch in model.decode_launches}
     assert kernels["gemv:down"] == "gemv_bf16" and kernels["gemv:qkv"] == "gemv_stream_bf16"
     report = compare_greedy(model, hf_model, [5, 9, 2, 7, 1], new_tokens=2)
