@@ -43,9 +43,7 @@ GSTREAM_TILE_BYTES = 8 * 2048 * 2  # one piece per warp: the shared memory of on
 GSTREAM_MAX_STAGES = 6  # cuda/gemv_stream.cuh
 GSTREAM_STATIC_SHARED = 512  # its static shared memory (ptxas -v): the ring's barriers and a reduction scratch
 GSTREAM_BLOCKS_PER_SM = 2
-GSTREAM_SWIGLU_BLOCKS_PER_SM = (
-    3  # gate|up: two pieces (its gate and up rows) per group; measured faster with more warps
-)
+GSTREAM_SWIGLU_BLOCKS_PER_SM = 3  # gate|up (a gate and an up piece per group): measured faster so
 GSTREAM_MIN_STAGES = 2  # a ring below which a GEMV takes fewer blocks per SM
 SM_RESERVED_SHARED = 1024  # shared memory the hardware keeps per resident block
 GEMM_TILE = 64  # GEMM_BM == GEMM_BN in cuda/gemm.cuh
