@@ -35,6 +35,8 @@ ATTN_PROBES = [
     "after pdl wait",
     "q (and k) rotated, new row written",
     "block barrier passed",
+    "K products done",
+    "score rows reduced",
     "scores done",
     "softmax done",
     "V done",
@@ -103,28 +105,32 @@ def main() -> int:
             launch(model.stream)
         trace = read_trace(module, model)
         attn_blocks = range(heads * splits)
-        t0 = int(min(trace[b * 11, 0] for b in attn_blocks))
+        stride = len(ATTN_PROBES)  # slots per attention block: ATTN_TRACE_PROBES in cuda/attention_decode.cuh
+        t0 = int(min(trace[b * stride, 0] for b in attn_blocks))
         run: dict[str, dict[str, dict[str, float]]] = {"attention": {}, "gemv_o": {}}
         for i, name in enumerate(ATTN_PROBES):
-            run["attention"][name] = summarise(trace, [b * 11 + i for b in attn_blocks], t0)
+            run["attention"][name] = summarise(trace, [b * stride + i for b in attn_blocks], t0)
         for i, name in enumerate(GEMV_PROBES):
             slots = [GEMV_SLOT + b * 4 + i for b in range(o_blocks)]
             run["gemv_o"][name] = summarise(trace, slots, t0)
         # the block that scores the new token (last chunk) of head 0, probe by probe
         last = (args.prompt // 64) % splits
         run["head0_last_chunk_block_us"] = {
-            name: (int(trace[last * 11 + i, 0]) - t0) / 1e3
+            name: (int(trace[last * stride + i, 0]) - t0) / 1e3
             for i, name in enumerate(ATTN_PROBES)
-            if trace[last * 11 + i, 0]
+            if trace[last * stride + i, 0]
         }
         run["raw_attention"] = {  # per block (head-major): [probe ns from t0 or null, ...] and SM clocks
             "ns": [
-                [int(trace[b * 11 + i, 0]) - t0 if trace[b * 11 + i, 0] else None for i in range(len(ATTN_PROBES))]
+                [
+                    int(trace[b * stride + i, 0]) - t0 if trace[b * stride + i, 0] else None
+                    for i in range(len(ATTN_PROBES))
+                ]
                 for b in attn_blocks
             ],
             "clk": [
                 [
-                    int(trace[b * 11 + i, 1]) - int(trace[b * 11, 1]) if trace[b * 11 + i, 0] else None
+                    int(trace[b * stride + i, 1]) - int(trace[b * stride, 1]) if trace[b * stride + i, 0] else None
                     for i in range(len(ATTN_PROBES))
                 ]
                 for b in attn_blocks

@@ -26,6 +26,7 @@ static_assert(ATTN_CHUNK == 2 * TT_WARP, "each warp's softmax takes two scores a
 #define ATTN_ROWS_PER_WARP (ATTN_CHUNK / ATTN_SPLIT_WARPS)
 #define ATTN_V_COL 32                // V values a thread holds in registers at a time
 #define ATTN_MERGE_BATCH 4           // chunk values per output element loaded together by the merge
+#define ATTN_TRACE_PROBES 13         // TT_MARK probes per block (-DTT_TRACE; bench/gpu_trace_attention.py names them)
 // Chunks the merge holds: 65,536 positions. The host's max_context is bounded lower, by the prefill attention's
 // shared memory (one score per position: about 49,600), so this is never the limit.
 #define ATTN_MERGE_MAX_CHUNKS 1024
@@ -69,7 +70,7 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
                  float* __restrict__ k_cache, float* __restrict__ v_cache, float* __restrict__ partial,
                  float* __restrict__ out, int* __restrict__ done, const int* pos_ptr, int pos_host, int n_heads,
                  int n_kv_heads, int head_dim, float scale, float theta, float eps, int max_chunks) {
-    const int mark = (blockIdx.x * gridDim.y + blockIdx.y) * 11;  // TT_MARK slots of this block (-DTT_TRACE)
+    const int mark = (blockIdx.x * gridDim.y + blockIdx.y) * ATTN_TRACE_PROBES;  // this block's TT_MARK slots
     TT_MARK(mark);
     const int h = blockIdx.x;
     const int group_size = n_heads / n_kv_heads, kvh = h / group_size;
@@ -170,18 +171,20 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
                 s[u] = fmaf(qq.w, k[u].w, s[u]);
             }
         }
+        TT_MARK(mark + 4);
         // warp_sum of every row, the rows' butterflies interleaved (each row's additions are warp_sum's, in its order)
 #pragma unroll
         for (int o = TT_WARP / 2; o > 0; o >>= 1)
 #pragma unroll
             for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
+        TT_MARK(mark + 5);
 #pragma unroll
         for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u) {
             const int r = warp + u * ATTN_SPLIT_WARPS;
             if (lane == 0) p[r] = r < rows ? s[u] * scale : -INFINITY;
         }
         __syncthreads();
-        TT_MARK(mark + 4);
+        TT_MARK(mark + 6);
         // Softmax weights: every warp works out the chunk's max and sum itself, with no block barrier. The max is
         // exact in any order; the sum is block_sum's over the 64 values, whose tree adds warp_sum(rows 0-31) and
         // warp_sum(rows 32-63) (the other warps' partials are zeros), as here. Each warp keeps its own copy of the
@@ -200,7 +203,7 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
         pw[lane] = e0;
         pw[lane + TT_WARP] = e1;
         __syncwarp();
-        TT_MARK(mark + 5);
+        TT_MARK(mark + 7);
 
         // Output: thread (g, d) sums rows g, g + groups, ... of column d in ascending order, straight from the
         // registers loaded above (one more round per ATTN_V_COL rows at head_dim 256); the groups are then added
@@ -216,7 +219,7 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
         }
         red[g * head_dim + d] = acc;
         __syncthreads();
-        TT_MARK(mark + 6);
+        TT_MARK(mark + 8);
         float* rec = partial + ((size_t)h * max_chunks + c) * (head_dim + 2);
         if (threadIdx.x < head_dim) {
             float sum = red[threadIdx.x];
@@ -235,14 +238,14 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
     // publishes them; the merging block's count is also an acquire, and the barrier after it orders its threads'
     // reads of the other blocks' records after it. One acq_rel atomic instead of two full fences around a relaxed
     // one.
-    TT_MARK(mark + 7);
+    TT_MARK(mark + 9);
     if (threadIdx.x == 0) {
         int before;
         asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(done + h) : "memory");
         merge = before == working - 1;
     }
     __syncthreads();
-    TT_MARK(mark + 8);
+    TT_MARK(mark + 10);
     if (!merge) return;
     // Every chunk's (m, l) into shared memory and each output element's first ATTN_MERGE_BATCH chunk values into
     // registers, in one round of loads; later chunks' values in batches. The merge arithmetic runs in ascending
@@ -257,7 +260,7 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
         merge_ml[1][c] = __ldcg(ph + c * (head_dim + 2) + 1);
     }
     __syncthreads();
-    TT_MARK(mark + 9);
+    TT_MARK(mark + 11);
     if (active) {
         float mx = -INFINITY;
         for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, merge_ml[0][c]);
@@ -280,5 +283,5 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
         out[h * head_dim + threadIdx.x] = a / lsum;
     }
     if (threadIdx.x == 0) done[h] = 0;  // ready for the next launch (kernels on the stream run in order)
-    TT_MARK(mark + 10);
+    TT_MARK(mark + 12);
 }

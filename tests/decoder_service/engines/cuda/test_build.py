@@ -64,6 +64,18 @@ def test_cubin_is_the_same_from_another_checkout(tmp_path: Path) -> None:
     assert cubin_sha256(build_cubin(tmp_path / "changed", cuda_dir=copy)) != here
 
 
+def test_attention_trace_names_every_probe() -> None:
+    """bench/gpu_trace_attention.py reads ATTN_TRACE_PROBES timestamp slots per decode attention block and names
+    them in order; the kernel's probes must number exactly that many."""
+    from bench.gpu_trace_attention import ATTN_PROBES
+
+    source = (CUDA_DIR / "attention_decode.cuh").read_text()
+    declared = int(re.search(r"#define ATTN_TRACE_PROBES (\d+)", source).group(1))
+    marks = {0} | {int(n) for n in re.findall(r"TT_MARK\(mark \+ (\d+)\)", source)}
+    assert marks == set(range(declared)), sorted(marks)
+    assert len(ATTN_PROBES) == declared
+
+
 def test_sources_hash_covers_every_source(tmp_path: Path) -> None:
     (tmp_path / "a.cuh").write_text("// a\n")
     (tmp_path / "b.cu").write_text("// b\n")
