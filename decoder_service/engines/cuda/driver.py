@@ -79,26 +79,25 @@ def cuda_available() -> tuple[bool, str]:
     return True, name.split(b"\0", 1)[0].decode()
 
 
+def _device_attribute(name: str) -> int:
+    """One CU_DEVICE_ATTRIBUTE_<name> of the current device."""
+    attr = getattr(cu.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}")
+    return int(call("cuDeviceGetAttribute", attr, call("cuCtxGetDevice")))
+
+
 def compute_capability() -> tuple[int, int]:
     """(major, minor) of the current device."""
-    device = call("cuCtxGetDevice")
-    attr = cu.CUdevice_attribute
-    major = call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device)
-    minor = call("cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device)
-    return major, minor
+    return _device_attribute("COMPUTE_CAPABILITY_MAJOR"), _device_attribute("COMPUTE_CAPABILITY_MINOR")
 
 
 def multiprocessor_count() -> int:
     """Streaming multiprocessors of the current device."""
-    device = call("cuCtxGetDevice")
-    return int(call("cuDeviceGetAttribute", cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device))
+    return _device_attribute("MULTIPROCESSOR_COUNT")
 
 
 def shared_memory_per_multiprocessor() -> int:
     """Bytes of shared memory one SM of the current device offers its resident blocks together."""
-    device = call("cuCtxGetDevice")
-    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
-    return int(call("cuDeviceGetAttribute", attr, device))
+    return _device_attribute("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR")
 
 
 class Stream:
