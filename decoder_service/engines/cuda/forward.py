@@ -38,8 +38,8 @@ GEMV_MAX_BLOCKS = 2 * 132
 # projection), and three for the SwiGLU-output gate|up GEMV (rings of 2), each count lowered where it would leave a
 # ring shallower than 2. TOOLTRIE_GEMV_BLOCKS_PER_SM (one count for all) and TOOLTRIE_GEMV_STAGES (a cap on the
 # depth) override them, to tune another GPU.
-GSTREAM_THREADS = 8 * 32
-GSTREAM_TILE_BYTES = 8 * 2048 * 2  # one piece per warp: the shared memory of one ring stage
+GSTREAM_THREADS = GEMV_WARPS * 32
+GSTREAM_TILE_BYTES = GEMV_WARPS * 2048 * 2  # one 2,048-column bf16 piece per warp: the shared memory of a ring stage
 GSTREAM_MAX_STAGES = 6  # cuda/gemv_stream.cuh
 GSTREAM_STATIC_SHARED = 512  # its static shared memory (ptxas -v): the ring's barriers and a reduction scratch
 GSTREAM_BLOCKS_PER_SM = 2
@@ -91,11 +91,17 @@ def gemv_stream_shared(k_in: int, stages: int) -> int:
     return stages * GSTREAM_TILE_BYTES + k_in * F32
 
 
+def _ring_room(k_in: int, blocks_per_sm: int, sm_shared: int) -> int:
+    """Ring stages that fit each of ``blocks_per_sm`` streaming GEMV blocks of ``k_in``-wide rows in one SM's
+    ``sm_shared`` bytes of shared memory (0 or less: not even the input row fits)."""
+    per_block = sm_shared // blocks_per_sm - SM_RESERVED_SHARED - GSTREAM_STATIC_SHARED - k_in * F32
+    return per_block // GSTREAM_TILE_BYTES
+
+
 def gemv_stream_stages(k_in: int, blocks_per_sm: int, sm_shared: int, cap: int = GSTREAM_MAX_STAGES) -> int:
     """The deepest ring (at most ``cap``) with which ``blocks_per_sm`` streaming GEMV blocks of ``k_in``-wide rows
     fit in one SM's ``sm_shared`` bytes of shared memory."""
-    per_block = sm_shared // blocks_per_sm - SM_RESERVED_SHARED - GSTREAM_STATIC_SHARED - k_in * F32
-    stages = min(cap, per_block // GSTREAM_TILE_BYTES)
+    stages = min(cap, _ring_room(k_in, blocks_per_sm, sm_shared))
     if stages < 1:
         raise ValueError(
             f"{blocks_per_sm} streaming GEMV blocks of {k_in}-wide rows do not fit in {sm_shared} bytes of shared "
@@ -112,14 +118,10 @@ def gemv_stream_layout(
     that fits; ``fixed_blocks`` (TOOLTRIE_GEMV_BLOCKS_PER_SM) sets the count instead."""
     if fixed_blocks is not None:
         return fixed_blocks, gemv_stream_stages(k_in, fixed_blocks, sm_shared, cap)
-    for blocks in range(max_blocks, 1, -1):
-        try:
-            stages = gemv_stream_stages(k_in, blocks, sm_shared, cap)
-        except ValueError:
-            continue
-        if stages >= min(GSTREAM_MIN_STAGES, cap):
-            return blocks, stages
-    return 1, gemv_stream_stages(k_in, 1, sm_shared, cap)
+    blocks = next(
+        (b for b in range(max_blocks, 1, -1) if _ring_room(k_in, b, sm_shared) >= min(GSTREAM_MIN_STAGES, cap)), 1
+    )
+    return blocks, gemv_stream_stages(k_in, blocks, sm_shared, cap)
 
 
 def check_config(config: ModelConfig) -> None:
