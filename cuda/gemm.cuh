@@ -96,21 +96,11 @@ __device__ __forceinline__ SkinnyPrefetch skinny_prefetch(const uint4* __restric
 __device__ __forceinline__ void skinny_row_dot(float (&acc)[GEMM_SKINNY_T], const SkinnyPrefetch& pf,
                                                const uint4* __restrict__ wrow, const float4* __restrict__ xs4_t,
                                                int k4, int chunks, int lane) {
-    auto fma_tokens = [&](int ci, const uint4& w) {
+    gemv_batched_chunks<false>(pf.w, wrow, lane, TT_WARP, chunks, [&](int ci, const uint4& w) {
 #pragma unroll
         for (int t = 0; t < GEMM_SKINNY_T; ++t)
             acc[t] = gemv_fma_chunk(acc[t], w, xs4_t[t * k4 + 2 * ci], xs4_t[t * k4 + 2 * ci + 1]);
-    };
-    gemv_batched_chunks<false>(
-        wrow, lane + SKINNY_PREFETCH * TT_WARP, TT_WARP, chunks,
-        [&] {
-#pragma unroll
-            for (int i = 0; i < SKINNY_PREFETCH; ++i) {
-                const int cp = lane + i * TT_WARP;
-                if (cp < chunks) fma_tokens(cp, pf.w[i]);
-            }
-        },
-        fma_tokens);
+    });
 }
 
 // The block's first row's weights are requested before the wait, and each next row's while the current one is
@@ -126,8 +116,8 @@ gemm_skinny_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, cons
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, chunks = K / 8;
     const int groups = (N + GEMV_WARPS - 1) / GEMV_WARPS;
     int g = blockIdx.y, n = g * GEMV_WARPS + warp;
-    SkinnyPrefetch pf = skinny_prefetch(reinterpret_cast<const uint4*>(W + (size_t)min(n, N - 1) * K), n < N ? chunks : 0,
-                                      lane);
+    SkinnyPrefetch pf =
+        skinny_prefetch(reinterpret_cast<const uint4*>(W + (size_t)min(n, N - 1) * K), n < N ? chunks : 0, lane);
     pdl_enter();  // only weights were read so far
     const float4* a4 = reinterpret_cast<const float4*>(A + (size_t)t0 * K);
     for (int e = threadIdx.x; e < GEMM_SKINNY_T * k4; e += blockDim.x)

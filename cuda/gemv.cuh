@@ -178,16 +178,21 @@ __device__ __forceinline__ void gemv_load_batch(uint4 (&batch)[GEMV_BATCH], cons
     }
 }
 
-// A lane's chunks c, c + step, ... below `chunks`, in ascending order, GEMV_BATCH at a time with the following
-// batch in flight while one is used: use(ci, w) for each. `ahead` runs once the first batch has been requested: the
-// caller uses its register-prefetched chunks there, so a row longer than the prefetch (the MLP down projection)
-// costs no extra round trip after the prefetch lands.
-template <bool STREAMING, class Ahead, class Use>
-__device__ __forceinline__ void gemv_batched_chunks(const uint4* __restrict__ wrow, int c, int step, int chunks,
-                                                    Ahead ahead, Use use) {
+// A lane's chunks first, first + step, ... below `chunks`, in ascending order: use(ci, w) for each. The first
+// PREFETCHED come from `pf` (loaded earlier into registers); the rest GEMV_BATCH at a time with the following batch
+// in flight while one is used. The first batch is requested before the prefetched chunks are used, so a row longer
+// than the prefetch (the MLP down projection) costs no extra round trip after the prefetch lands.
+template <bool STREAMING, int PREFETCHED, class Use>
+__device__ __forceinline__ void gemv_batched_chunks(const uint4 (&pf)[PREFETCHED], const uint4* __restrict__ wrow,
+                                                    int first, int step, int chunks, Use use) {
+    int c = first + PREFETCHED * step;
     uint4 next[GEMV_BATCH];
     gemv_load_batch<STREAMING>(next, wrow, c, step, chunks);
-    ahead();
+#pragma unroll
+    for (int i = 0; i < PREFETCHED; ++i) {
+        const int cp = first + i * step;
+        if (cp < chunks) use(cp, pf[i]);
+    }
     while (c < chunks) {
         uint4 cur[GEMV_BATCH];
 #pragma unroll
@@ -211,16 +216,9 @@ __device__ __forceinline__ float gemv_row_dot_from(const GemvPrefetch& pf, const
                                                    int warps_per_row) {
     float acc = 0.0f;
     const int chunks = K / 8, step = warps_per_row * TT_WARP, first = part * TT_WARP + lane;
-    gemv_batched_chunks<true>(
-        wrow, first + GEMV_PREFETCH * step, step, chunks,
-        [&] {
-#pragma unroll
-            for (int i = 0; i < GEMV_PREFETCH; ++i) {
-                const int cp = first + i * step;
-                if (cp < chunks) acc = gemv_fma_chunk(acc, pf.w[i], xs4[2 * cp], xs4[2 * cp + 1]);
-            }
-        },
-        [&](int ci, const uint4& w) { acc = gemv_fma_chunk(acc, w, xs4[2 * ci], xs4[2 * ci + 1]); });
+    gemv_batched_chunks<true>(pf.w, wrow, first, step, chunks, [&](int ci, const uint4& w) {
+        acc = gemv_fma_chunk(acc, w, xs4[2 * ci], xs4[2 * ci + 1]);
+    });
     return warp_sum(acc);
 }
 
