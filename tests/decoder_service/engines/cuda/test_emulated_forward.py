@@ -5,10 +5,15 @@ host loop. The kernels' arithmetic itself is checked on the GPU (test_kernels_gp
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from tests.decoder_service.engines.cuda.emulator import FakeDriver, install_fake_driver
 from tests.decoder_service.engines.cuda.hf_models import SHAPES, build_reference, compare_greedy
+
+if TYPE_CHECKING:  # imported at run time only once the fake driver is in place
+    from decoder_service.engines.cuda.forward import CudaModel
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -17,6 +22,19 @@ pytest.importorskip("transformers")
 @pytest.fixture
 def fake_driver(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
     return install_fake_driver(monkeypatch)
+
+
+# The ring depth's argument index in each streaming GEMV launch (cuda/gemv_stream.cuh: the last argument).
+STREAM_DEPTH_ARG = {"gemv_stream_bf16": 10, "gemv_stream_swiglu_bf16": 9}
+
+
+def tiny_qwen3_model() -> CudaModel:
+    """The tiny Qwen3 on the emulated H200, built under the current TOOLTRIE_* settings."""
+    from decoder_service.engines.cuda.forward import CudaModel
+    from decoder_service.engines.cuda.module import Module
+
+    _, weights = build_reference(SHAPES["tiny-qwen3"], seed=7)
+    return CudaModel(SHAPES["tiny-qwen3"], weights, Module(b"cubin"), max_context=64, max_prefill=8)
 
 
 @pytest.mark.parametrize("shape", ["tiny-qwen3", "tiny-qwen2-hd128-untied", "tiny-llama-untied"])
@@ -58,12 +76,9 @@ def test_long_prefill_uses_the_tiled_gemm(fake_driver: FakeDriver) -> None:
 
 def test_repeated_prefill_reuses_its_launch_list(fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     """A second prefill of the same length at the same position launches the kept list, with the same result."""
-    from decoder_service.engines.cuda.forward import PREFILL_LISTS_KEPT, CudaModel
-    from decoder_service.engines.cuda.module import Module
+    from decoder_service.engines.cuda.forward import PREFILL_LISTS_KEPT
 
-    cfg = SHAPES["tiny-qwen3"]
-    _, weights = build_reference(cfg, seed=7)
-    model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8)
+    model = tiny_qwen3_model()
     builds = []
     build = model._build
     monkeypatch.setattr(model, "_build", lambda n, **kw: builds.append((n, kw["pos"])) or build(n, **kw))
@@ -145,21 +160,15 @@ def test_gemv_layout_takes_the_most_blocks_that_keep_a_ring_of_two(
 def test_gate_up_gemv_runs_three_blocks_per_sm_and_the_others_two(fake_driver: FakeDriver) -> None:
     """The default layout on the emulated H200: the SwiGLU-output GEMV with rings of 2 at three blocks per SM, the
     plain ones (and the dense head) with rings of 3 at two."""
-    from decoder_service.engines.cuda.forward import CudaModel
-    from decoder_service.engines.cuda.module import Module
-
-    cfg = SHAPES["tiny-qwen3"]
-    _, weights = build_reference(cfg, seed=7)
-    model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8)
-    depths = {}
+    model = tiny_qwen3_model()
+    depths: dict[str, set[int]] = {}
     for launch in model.decode_launches:
-        if launch.kernel.name == "gemv_stream_swiglu_bf16":
-            depths.setdefault("gate_up", set()).add(launch.arg(9))
-        elif launch.kernel.name == "gemv_stream_bf16":
-            depths.setdefault("plain", set()).add(launch.arg(10))
-    assert depths == {"gate_up": {2}, "plain": {3}}
-    assert model.gemv_layout[(cfg.hidden_size, True)] == (3 * 132, 2)
-    assert model.gemv_layout[(cfg.hidden_size, False)] == (2 * 132, 3)
+        if launch.kernel.name in STREAM_DEPTH_ARG:
+            depths.setdefault(launch.kernel.name, set()).add(launch.arg(STREAM_DEPTH_ARG[launch.kernel.name]))
+    assert depths == {"gemv_stream_swiglu_bf16": {2}, "gemv_stream_bf16": {3}}
+    hidden = SHAPES["tiny-qwen3"].hidden_size
+    assert model.gemv_layout[(hidden, True)] == (3 * 132, 2)
+    assert model.gemv_layout[(hidden, False)] == (2 * 132, 3)
 
 
 def test_gemv_ring_that_cannot_fit_is_refused() -> None:
@@ -179,30 +188,19 @@ def test_gemv_ring_that_cannot_fit_is_refused() -> None:
 def test_gemv_settings_from_the_environment_are_checked(
     fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], error: str
 ) -> None:
-    from decoder_service.engines.cuda.forward import CudaModel
-    from decoder_service.engines.cuda.module import Module
-
-    cfg = SHAPES["tiny-qwen3"]
-    _, weights = build_reference(cfg, seed=7)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=error):
-        CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8)
+        tiny_qwen3_model()
 
 
 def test_gemv_settings_shape_the_decode_launches(fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
-    from decoder_service.engines.cuda.forward import CudaModel
-    from decoder_service.engines.cuda.module import Module
-
-    cfg = SHAPES["tiny-qwen3"]
-    _, weights = build_reference(cfg, seed=7)
     monkeypatch.setenv("TOOLTRIE_GEMV_STAGES", "2")
     monkeypatch.setenv("TOOLTRIE_GEMV_BLOCKS_PER_SM", "1")
-    model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8)
-    streams = [launch for launch in model.decode_launches if launch.kernel.name.startswith("gemv_stream")]
-    assert len(streams) == 4 * cfg.num_layers + 1  # qkv, o, gate|up, down per layer, and the dense head
-    depth_at = {"gemv_stream_bf16": 10, "gemv_stream_swiglu_bf16": 9}  # the ring depth: the last argument
-    assert {launch.arg(depth_at[launch.kernel.name]) for launch in streams} == {2}
+    model = tiny_qwen3_model()
+    streams = [launch for launch in model.decode_launches if launch.kernel.name in STREAM_DEPTH_ARG]
+    assert len(streams) == 4 * SHAPES["tiny-qwen3"].num_layers + 1  # qkv, o, gate|up, down per layer, the head
+    assert {launch.arg(STREAM_DEPTH_ARG[launch.kernel.name]) for launch in streams} == {2}
     assert max(launch.grid[0] for launch in streams) <= 132  # one block per SM of the emulated H200
 
 
