@@ -69,7 +69,8 @@ extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS)
 attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm, const bf16_t* __restrict__ k_norm,
                  float* __restrict__ k_cache, float* __restrict__ v_cache, float* __restrict__ partial,
                  float* __restrict__ out, int* __restrict__ done, const int* pos_ptr, int pos_host, int n_heads,
-                 int n_kv_heads, int head_dim, float scale, float theta, float eps, int max_chunks) {
+                 int n_kv_heads, int head_dim, float scale, const float* __restrict__ rope, float eps,
+                 int max_chunks) {
     const int mark = (blockIdx.x * gridDim.y + blockIdx.y) * ATTN_TRACE_PROBES;  // this block's TT_MARK slots
     TT_MARK(mark);
     const int h = blockIdx.x;
@@ -101,8 +102,10 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
     const int working = min((int)gridDim.y, n_chunks);
     if (blockIdx.y >= working) return;
 
-    // The new token's q (and, for the block that scores row pos, its k and v) in one round of loads.
+    // The new token's q (and, for the block that scores row pos, its k and v) and the rotation's cosine and sine
+    // in one round of loads.
     const float q_raw = active ? qkv[h * head_dim + threadIdx.x] : 0.0f;
+    const float2 cs = rope_cos_sin(rope, pos, head_dim);
     float k_raw = 0.0f, v_raw = 0.0f;
     if (scores_pos && active) {
         k_raw = qkv[q_width + kvh * head_dim + threadIdx.x];
@@ -114,12 +117,12 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
     attn_prefetch_rows_l2(k_cache, v_cache, first_row, min(ATTN_CHUNK, length - first_row), kv_stride, kvh, head_dim);
 
     if (!scores_pos) {
-        const float qd = head_norm_rope_values(q_raw, q_norm != nullptr, q_norm_d, pos, head_dim, theta, eps,
-                                               rope_scratch, scratch);
+        const float qd =
+            head_norm_rope_values(q_raw, q_norm != nullptr, q_norm_d, cs, head_dim, eps, rope_scratch, scratch);
         if (active) q[threadIdx.x] = qd;
     } else {  // q and k together: one reduction and one rotation phase instead of two of each
         const float2 qk = head_norm_rope_pair(q_raw, k_raw, q_norm != nullptr, k_norm != nullptr, q_norm_d, k_norm_d,
-                                              pos, head_dim, theta, eps, rope_scratch, scratch);
+                                              cs, head_dim, eps, rope_scratch, scratch);
         const float kd = qk.y;
         if (active) {
             q[threadIdx.x] = qk.x;

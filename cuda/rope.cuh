@@ -3,17 +3,40 @@
 // the fused q|k|v weight. qk_norm_rope_cache (prefill) rotates q heads in place, rotates k heads into k_cache
 // and copies the matching v head to v_cache, at absolute position pos0 + t; decode attention
 // (attention_decode.cuh) calls head_norm_rope_values itself. Caches are fp32 [max_ctx, n_kv_heads, head_dim].
+// The rotation's cosines and sines come from a table that rope_table fills once per model: position p's row is
+// cos(p * inv_freq_i) for i < head_dim / 2, then the sines. Prefill and decode read the same table, so their cache
+// rows stay bit-identical, and decode spends no powf, cosf or sinf on its critical path.
 #pragma once
 #include "common.cuh"
 
-// One head vector normalised (has_norm: with RMSNorm weights, Qwen3; without: Llama, Qwen2) and rotated (Hugging
-// Face: inv_freq = 1 / theta^(2i/d) in fp32, angle = pos * inv_freq, rotate_half). Thread d < head_dim passes
-// element d as `v` and its norm weight as `norm_wd` (both loaded by the caller, so they can travel with other
-// loads; others pass 0) and receives element d (others 0). Every thread of the block calls it (block_sum);
+// Hugging Face's angles: inv_freq = 1 / theta^(2i/d) in fp32, angle = pos * inv_freq.
+// grid (n_positions), block (head_dim / 2).
+extern "C" __global__ void rope_table(float* __restrict__ table, int head_dim, float theta) {
+    pdl_enter();
+    const int p = blockIdx.x, i = threadIdx.x, half = head_dim / 2;
+    if (i >= half) return;
+    const float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
+    const float angle = (float)p * inv_freq;
+    table[(size_t)p * head_dim + i] = cosf(angle);
+    table[(size_t)p * head_dim + half + i] = sinf(angle);
+}
+
+// Thread d's cosine and sine at position pos (element d % (head_dim / 2) of the table's row); 0 for d >= head_dim.
+__device__ __forceinline__ float2 rope_cos_sin(const float* __restrict__ table, int pos, int head_dim) {
+    const int d = threadIdx.x, half = head_dim / 2;
+    if (d >= head_dim) return make_float2(0.0f, 0.0f);
+    const float* row = table + (size_t)pos * head_dim + d % half;
+    return make_float2(row[0], row[half]);
+}
+
+// One head vector normalised (has_norm: with RMSNorm weights, Qwen3; without: Llama, Qwen2) and rotated
+// (rotate_half). Thread d < head_dim passes element d as `v`, its norm weight as `norm_wd` and its rope_cos_sin as
+// `cs` (all loaded by the caller, so they can travel with other loads; others pass 0) and receives element d
+// (others 0). Every thread of the block calls it (block_sum);
 // whatever the block size, the sum of squares is bit-identical (absent warps add zeros). `head` is head_dim floats
 // of shared scratch.
-__device__ __forceinline__ float head_norm_rope_values(float v, bool has_norm, float norm_wd, int pos, int head_dim,
-                                                       float theta, float eps, float* head, float* scratch) {
+__device__ __forceinline__ float head_norm_rope_values(float v, bool has_norm, float norm_wd, float2 cs, int head_dim,
+                                                       float eps, float* head, float* scratch) {
     const int d = threadIdx.x;
     const bool active = d < head_dim;  // blocks have whole warps; head_dim may be 16
     if (has_norm) {
@@ -24,11 +47,9 @@ __device__ __forceinline__ float head_norm_rope_values(float v, bool has_norm, f
     __syncthreads();
     float out = 0.0f;
     if (active) {
-        const int half = head_dim / 2, i = d % half;
-        const float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
-        const float angle = (float)pos * inv_freq;
+        const int half = head_dim / 2;
         const float rotated = d < half ? -head[d + half] : head[d - half];
-        out = fmaf(v, cosf(angle), rotated * sinf(angle));  // one explicit rounding pattern in every caller
+        out = fmaf(v, cs.x, rotated * cs.y);  // one explicit rounding pattern in every caller
     }
     __syncthreads();  // head is free again
     return out;
@@ -38,8 +59,8 @@ __device__ __forceinline__ float head_norm_rope_values(float v, bool has_norm, f
 // of squares share one reduction's barriers and the two rotations one angle. Each result is bit-identical to
 // head_norm_rope_values's for the same inputs. `heads` is 2 * head_dim floats of shared scratch, `scratch` 64.
 __device__ __forceinline__ float2 head_norm_rope_pair(float q, float k, bool q_has_norm, bool k_has_norm, float q_wd,
-                                                      float k_wd, int pos, int head_dim, float theta, float eps,
-                                                      float* heads, float* scratch) {
+                                                      float k_wd, float2 cs, int head_dim, float eps, float* heads,
+                                                      float* scratch) {
     const int d = threadIdx.x;
     const bool active = d < head_dim;
     if (q_has_norm || k_has_norm) {
@@ -54,33 +75,33 @@ __device__ __forceinline__ float2 head_norm_rope_pair(float q, float k, bool q_h
     __syncthreads();
     float2 out = make_float2(0.0f, 0.0f);
     if (active) {
-        const int half = head_dim / 2, i = d % half, partner = d < half ? d + half : d - half;
-        const float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
-        const float angle = (float)pos * inv_freq, c = cosf(angle), s = sinf(angle);
+        const int half = head_dim / 2, partner = d < half ? d + half : d - half;
         const float q_rot = d < half ? -heads[partner] : heads[partner];
         const float k_rot = d < half ? -heads[head_dim + partner] : heads[head_dim + partner];
-        out.x = fmaf(q, c, q_rot * s);
-        out.y = fmaf(k, c, k_rot * s);
+        out.x = fmaf(q, cs.x, q_rot * cs.y);
+        out.y = fmaf(k, cs.x, k_rot * cs.y);
     }
     __syncthreads();  // heads is free again
     return out;
 }
 
-// The same, loading element d of src and of norm_w (nullptr: no norm) itself.
+// The same, loading element d of src and of norm_w (nullptr: no norm) and the rope table's row itself.
 __device__ __forceinline__ float head_norm_rope(const float* __restrict__ src, const bf16_t* __restrict__ norm_w,
-                                                int pos, int head_dim, float theta, float eps, float* head,
-                                                float* scratch) {
+                                                const float* __restrict__ rope, int pos, int head_dim, float eps,
+                                                float* head, float* scratch) {
     const bool active = threadIdx.x < head_dim;
     const float v = active ? src[threadIdx.x] : 0.0f;
     const float w = active && norm_w ? bf16_to_float(norm_w[threadIdx.x]) : 0.0f;
-    return head_norm_rope_values(v, norm_w != nullptr, w, pos, head_dim, theta, eps, head, scratch);
+    return head_norm_rope_values(v, norm_w != nullptr, w, rope_cos_sin(rope, pos, head_dim), head_dim, eps, head,
+                                 scratch);
 }
 
-// Prefill: grid (n_tokens, n_heads + n_kv_heads), block max(32, head_dim) threads.
+// Prefill: grid (n_tokens, n_heads + n_kv_heads), block max(32, head_dim) threads; rope from rope_table.
 extern "C" __global__ void qk_norm_rope_cache(float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
                                               const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache,
                                               float* __restrict__ v_cache, const int* pos_ptr, int pos_host,
-                                              int n_heads, int n_kv_heads, int head_dim, float theta, float eps) {
+                                              int n_heads, int n_kv_heads, int head_dim,
+                                              const float* __restrict__ rope, float eps) {
     pdl_enter();
     __shared__ float head[256];
     __shared__ float scratch[32];
@@ -91,7 +112,7 @@ extern "C" __global__ void qk_norm_rope_cache(float* __restrict__ qkv, const bf1
     const bool is_q = h < n_heads;
     const int kh = h - n_heads;
     float* src = is_q ? row + h * head_dim : row + q_width + kh * head_dim;
-    const float out = head_norm_rope(src, is_q ? q_norm : k_norm, pos, head_dim, theta, eps, head, scratch);
+    const float out = head_norm_rope(src, is_q ? q_norm : k_norm, rope, pos, head_dim, eps, head, scratch);
     if (d >= head_dim) return;
     if (is_q) {
         src[d] = out;

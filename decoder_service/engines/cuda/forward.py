@@ -176,6 +176,15 @@ class CudaModel:
         cache_bytes = max_context * self.kv_width * F32
         self.k_cache = [DeviceBuffer(cache_bytes) for _ in range(c.num_layers)]
         self.v_cache = [DeviceBuffer(cache_bytes) for _ in range(c.num_layers)]
+        # Every position's rotary cosines and sines, computed once on the device (cuda/rope.cuh): prefill and
+        # decode read the same values, and decode attention computes no powf, cosf or sinf.
+        self.rope = DeviceBuffer(max_context * c.head_dim * F32)
+        Launch(
+            module.kernel("rope_table"),
+            (max_context, 1, 1),
+            (max(32, c.head_dim // 2), 1, 1),
+            [("ptr", self.rope.ptr), ("i32", c.head_dim), ("f32", float(c.rope_theta))],
+        )(self.stream)
         self.attn_shared = max_context * F32  # one score per cached position (prefill attention)
         self.max_chunks = -(-max_context // ATTN_CHUNK)
         self.attn_partial = DeviceBuffer(c.num_heads * self.max_chunks * (c.head_dim + 2) * F32)
@@ -294,7 +303,7 @@ class CudaModel:
                         ("i32", c.num_heads),
                         ("i32", c.num_kv_heads),
                         ("i32", c.head_dim),
-                        ("f32", float(c.rope_theta)),
+                        ("ptr", self.rope.ptr),
                         ("f32", eps),
                     ],
                 )
@@ -400,7 +409,7 @@ class CudaModel:
                 ("i32", c.num_kv_heads),
                 ("i32", c.head_dim),
                 ("f32", 1.0 / math.sqrt(c.head_dim)),
-                ("f32", float(c.rope_theta)),
+                ("ptr", self.rope.ptr),
                 ("f32", float(c.rms_norm_eps)),
                 ("i32", self.max_chunks),
             ],

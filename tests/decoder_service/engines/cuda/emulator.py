@@ -396,6 +396,15 @@ class FakeDriver:
         assert shared >= 8 * 4 * a.K, "skinny GEMM stages 8 token rows in shared memory"
         self._linear(a, a.M, self.view(a.A, np.float32, a.M * a.K).reshape(a.M, a.K), a.C)
 
+    def k_rope_table(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        assert block[0] >= a.head_dim // 2, "rope_table takes a thread per frequency"
+        table = ref.rope_table(grid[0], a.head_dim, a.theta)
+        self.view(a.table, np.float32, table.size)[:] = table.ravel()
+
+    def _rope_rows(self, a: SimpleNamespace, positions: int) -> np.ndarray:
+        """The first ``positions`` rows of the launch's rope table (cuda/rope.cuh)."""
+        return self.view(a.rope, np.float32, positions * a.head_dim).reshape(positions, a.head_dim)
+
     def k_qk_norm_rope_cache(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         t, hd, h, kv = grid[0], a.head_dim, a.n_heads, a.n_kv_heads
         assert grid[1] == h + kv and block[0] == max(32, hd)
@@ -404,7 +413,7 @@ class FakeDriver:
         pos0 = self._pos(a)
         qn = self._bf16(a.q_norm, hd) if a.q_norm else None
         kn = self._bf16(a.k_norm, hd) if a.k_norm else None
-        q, k, v = ref.qk_norm_rope(qkv, qn, kn, pos0, h, kv, hd, a.theta, a.eps)
+        q, k, v = ref.qk_norm_rope(qkv, qn, kn, pos0, h, kv, hd, self._rope_rows(a, pos0 + t), a.eps)
         qkv[:, : h * hd] = q.reshape(t, h * hd)
         kc = self.view(a.k_cache, np.float32, (pos0 + t) * kv * hd).reshape(pos0 + t, kv, hd)
         vc = self.view(a.v_cache, np.float32, (pos0 + t) * kv * hd).reshape(pos0 + t, kv, hd)
@@ -435,7 +444,7 @@ class FakeDriver:
         qkv = self.view(a.qkv, np.float32, (h + 2 * kv) * hd).reshape(1, -1)
         qn = self._bf16(a.q_norm, hd) if a.q_norm else None
         kn = self._bf16(a.k_norm, hd) if a.k_norm else None
-        q, k, v = ref.qk_norm_rope(qkv, qn, kn, pos, h, kv, hd, a.theta, a.eps)
+        q, k, v = ref.qk_norm_rope(qkv, qn, kn, pos, h, kv, hd, self._rope_rows(a, pos + 1), a.eps)
         kc = self.view(a.k_cache, np.float32, (pos + 1) * kv * hd).reshape(pos + 1, kv, hd)
         vc = self.view(a.v_cache, np.float32, (pos + 1) * kv * hd).reshape(pos + 1, kv, hd)
         kc[pos], vc[pos] = k[0], v[0]

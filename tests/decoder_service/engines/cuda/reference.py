@@ -26,14 +26,21 @@ def linear(
     return y
 
 
-def rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
-    """rotate_half RoPE over the last axis; x is [T, heads, head_dim], positions [T]."""
-    hd = x.shape[-1]
+def rope_table(n_positions: int, hd: int, theta: float) -> np.ndarray:
+    """[n_positions, hd]: each position's cosines, then its sines (cuda/rope.cuh's rope_table layout)."""
     inv_freq = 1.0 / theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
-    ang = positions[:, None].astype(np.float64) * inv_freq[None, :]
-    emb = np.concatenate([ang, ang], axis=-1)[:, None, :]
+    ang = np.arange(n_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return np.concatenate([np.cos(ang), np.sin(ang)], axis=-1)
+
+
+def rope(x: np.ndarray, table_rows: np.ndarray) -> np.ndarray:
+    """rotate_half RoPE over the last axis; x is [T, heads, head_dim], table_rows [T, head_dim] (rope_table)."""
+    hd = x.shape[-1]
+    cos, sin = table_rows[:, : hd // 2], table_rows[:, hd // 2 :]
+    cos2 = np.concatenate([cos, cos], axis=-1)[:, None, :]
+    sin2 = np.concatenate([sin, sin], axis=-1)[:, None, :]
     rotated = np.concatenate([-x[..., hd // 2 :], x[..., : hd // 2]], axis=-1)
-    return x * np.cos(emb) + rotated * np.sin(emb)
+    return x * cos2 + rotated * sin2
 
 
 def qk_norm_rope(
@@ -44,10 +51,12 @@ def qk_norm_rope(
     n_heads: int,
     n_kv: int,
     hd: int,
-    theta: float,
+    theta: float | np.ndarray,
     eps: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(q [T, H, hd] rotated, k [T, KV, hd] rotated, v [T, KV, hd]) from a [T, (H + 2 KV) hd] qkv block."""
+    """(q [T, H, hd] rotated, k [T, KV, hd] rotated, v [T, KV, hd]) from a [T, (H + 2 KV) hd] qkv block.
+
+    ``theta``: the rotary base, or a rope table ([positions, hd], as rope_table) to read the angles from."""
     t = qkv.shape[0]
     qkv = qkv.astype(np.float64)
     q = qkv[:, : n_heads * hd].reshape(t, n_heads, hd)
@@ -56,8 +65,9 @@ def qk_norm_rope(
     if q_norm is not None:
         q = rmsnorm(q, q_norm, eps)
         k = rmsnorm(k, k_norm, eps)
-    pos = np.arange(pos0, pos0 + t)
-    return rope(q, pos, theta), rope(k, pos, theta), v
+    table = rope_table(pos0 + t, hd, theta) if np.isscalar(theta) else np.asarray(theta, dtype=np.float64)
+    rows = table[pos0 : pos0 + t]
+    return rope(q, rows), rope(k, rows), v
 
 
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, pos0: int) -> np.ndarray:

@@ -39,6 +39,7 @@ def test_cubin_builds_with_every_kernel(tmp_path: Path) -> None:
         "gemv_stream_swiglu_bf16",
         "gemm_bf16",
         "gemm_skinny_bf16",
+        "rope_table",
         "qk_norm_rope_cache",
         "attention",
         "attention_decode",

@@ -406,6 +406,22 @@ def test_gemm_skinny(dev: Device, rng: np.random.Generator, m: int, n_out: int, 
     assert same
 
 
+def rope_table(dev: Device, positions: int, hd: int, theta: float) -> DeviceBuffer:
+    """The rotary cosines and sines of positions 0 .. positions - 1, made by the rope_table kernel."""
+    table = dev.poisoned(positions * hd)
+    dev.launch(
+        "rope_table", (positions, 1, 1), (max(32, hd // 2), 1, 1), [("ptr", table.ptr), ("i32", hd), ("f32", theta)]
+    )
+    return table
+
+
+@pytest.mark.parametrize(("hd", "theta"), [(16, 1e4), (64, 1e4), (128, 1e6), (256, 1e6)])
+def test_rope_table(dev: Device, hd: int, theta: float) -> None:
+    positions = 4096
+    table = dev.get(rope_table(dev, positions, hd, theta), F32, (positions, hd))
+    check(f"rope_table/hd={hd},theta={theta:g}", table, ref.rope_table(positions, hd, theta))
+
+
 @pytest.mark.parametrize(
     ("hd", "qk_norm", "device_pos"), [(64, True, False), (128, True, True), (128, False, False), (64, False, True)]
 )
@@ -419,6 +435,7 @@ def test_qk_norm_rope_cache(dev: Device, rng: np.random.Generator, hd: int, qk_n
     qn_ptr = dev.put(qnb).ptr if qk_norm else 0
     kn_ptr = dev.put(knb).ptr if qk_norm else 0
     pos_ptr = dev.put(np.array([pos0], dtype=np.int32)).ptr if device_pos else 0
+    table = rope_table(dev, ctx, hd, theta)
     dev.launch(
         "qk_norm_rope_cache",
         (t, heads + kv, 1),
@@ -434,7 +451,7 @@ def test_qk_norm_rope_cache(dev: Device, rng: np.random.Generator, hd: int, qk_n
             ("i32", heads),
             ("i32", kv),
             ("i32", hd),
-            ("f32", theta),
+            ("ptr", table.ptr),
             ("f32", eps),
         ],
     )
@@ -511,6 +528,7 @@ def test_decode_attention(
     part, done = dev.poisoned(heads * chunks * (hd + 2)), dev.put(np.zeros(heads, dtype=np.int32))
     pos_ptr = dev.put(np.array([pos0], dtype=np.int32)).ptr if device_pos else 0
     host_pos = -1 if device_pos else pos0
+    table = rope_table(dev, ctx, hd, theta)
     outs, caches = [], []
     for blocks in (16, 3):
         kb, vb, out = dev.put(k_cache), dev.put(v_cache), dev.poisoned(heads * hd)
@@ -533,7 +551,7 @@ def test_decode_attention(
                 ("i32", kv),
                 ("i32", hd),
                 ("f32", hd**-0.5),
-                ("f32", theta),
+                ("ptr", table.ptr),
                 ("f32", eps),
                 ("i32", chunks),
             ],
@@ -571,7 +589,7 @@ def test_decode_attention(
             ("i32", heads),
             ("i32", kv),
             ("i32", hd),
-            ("f32", theta),
+            ("ptr", table.ptr),
             ("f32", eps),
         ],
     )
