@@ -82,6 +82,14 @@ __device__ __forceinline__ void gemv_stream(const bf16_t* __restrict__ W, const 
         for (int s = 0; s < min(stages, pieces); ++s) issue(s);
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4);  // gemv_bf16's probes
     pdl_enter();
+    // The writer's residual of its first row travels with the input's loads; each later row's comes while the row
+    // before is reduced. A warp owns its rows, so a residual that aliases y is read before this warp writes it.
+    const bool writer = lane == 0;
+    auto residual_of = [&](int g) {
+        return !SWIGLU && writer && residual && g < warp_groups ? residual[(size_t)t * N + g * GEMV_WARPS + warp]
+                                                                : 0.0f;
+    };
+    float res = residual_of(blockIdx.x);
 
     float4* xs4 = reinterpret_cast<float4*>(gstream_smem + (size_t)stages * GSTREAM_TILE_BYTES);
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 1);
@@ -89,13 +97,12 @@ __device__ __forceinline__ void gemv_stream(const bf16_t* __restrict__ W, const 
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 2);
     const float4* xa = xs4;  // inputs 8c .. 8c + 3 of chunk c
     const float4* xb = xs4 + K / 8;  // inputs 8c + 4 .. 8c + 7
-    const bool writer = lane == 0;
     int i = 0, s = 0;
     uint32_t phase = 0;
     for (int g = blockIdx.x; g < warp_groups; g += gridDim.x) {
         const int j = g * GEMV_WARPS + warp;  // this warp's output row
-        // the writer's residual and bias are in flight while the row is reduced
-        const float res = !SWIGLU && writer && residual ? residual[(size_t)t * N + j] : 0.0f;
+        // the writer's bias and the next row's residual are in flight while the row is reduced
+        const float res_next = residual_of(g + gridDim.x);
         float bias_p[passes];
 #pragma unroll
         for (int p = 0; p < passes; ++p) bias_p[p] = writer && bias ? bf16_to_float(bias[p * (N / 2) + j]) : 0.0f;
@@ -138,6 +145,7 @@ __device__ __forceinline__ void gemv_stream(const bf16_t* __restrict__ W, const 
                 y[(size_t)t * N + j] = acc;
             }
         }
+        res = res_next;
     }
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 3);
 }
