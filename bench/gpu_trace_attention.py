@@ -78,6 +78,12 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
+        "--max-context",
+        type=int,
+        default=0,
+        help="the model's KV capacity (default: the prompt + 16, four blocks a head)",
+    )
+    parser.add_argument(
         "--warm", action="store_true", help="run the attention launch twice and trace the second (caches warm)"
     )
     args = parser.parse_args()
@@ -88,7 +94,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         module = Module(traced_cubin(Path(tmp)))
     cfg = QWEN3_1_7B
-    model = CudaModel(cfg, synthetic_weights(cfg, seed=0), module, max_context=args.prompt + 16, max_prefill=256)
+    max_context = args.max_context or args.prompt + 16
+    model = CudaModel(cfg, synthetic_weights(cfg, seed=0), module, max_context=max_context, max_prefill=256)
     model.prefill(np.random.default_rng(1).integers(0, cfg.vocab_size, args.prompt).tolist())
     model.read_token()
     model.set_decode_position(args.prompt)
@@ -138,7 +145,13 @@ def main() -> int:
         }
         runs.append(run)
         call("cuMemsetD8", module.get_global("tt_trace")[0], 0, SLOTS * 16)
-    result = {"model": "qwen3-1.7b-shape", "prompt": args.prompt, "warm": args.warm, "runs": runs}
+    result = {
+        "model": "qwen3-1.7b-shape",
+        "prompt": args.prompt,
+        "max_context": max_context,
+        "warm": args.warm,
+        "runs": runs,
+    }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in runs[-1].items() if not k.startswith("raw")}, indent=1))
     return 0
