@@ -57,7 +57,7 @@ case " $STAGES " in *" bench "*)
   bench_rc=${PIPESTATUS[0]}
   "$PY" bench/gpu_forward.py --out "$OUT/bench_gpu_forward.json" 2>&1 | tee -a "$OUT/bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || bench_rc=1
-  "$PY" bench/gpu_trace_attention.py --out "$OUT/trace_attention.json" >> "$OUT/bench.log" 2>&1 || bench_rc=1 ;;
+  "$PY" bench/gpu_trace_attention.py --max-context 1024 --out "$OUT/trace_attention.json" >> "$OUT/bench.log" 2>&1 || bench_rc=1 ;;
 esac
 case " $STAGES " in *" side "*)
   "$PY" bench/gpu_side_by_side.py --out "$OUT/bench_gpu_side_by_side.json" 2>&1 | tee "$OUT/side_by_side.log"
