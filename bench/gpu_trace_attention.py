@@ -2,7 +2,8 @@
 
 Builds a second cubin with -DTT_TRACE (probes TT_MARK in cuda/attention_decode.cuh and the GEMVs; the
 product's cubin has none), runs the Qwen3-1.7B-shaped decode step's first launches (embedding, layer 0's qkv
-GEMV, attention, o GEMV), launched from the host with programmatic dependent launch, after a 200-token prefill.
+GEMV, attention, o GEMV) with programmatic dependent launch, after a 200-token prefill, replayed as one CUDA
+graph as the engine does (or launched from the host one by one, --host-launch, where the host's launch gaps show).
 Writes, for each probe, the earliest, median and latest block in microseconds from the attention's first block
 start, and every attention block's probes. Timing probes perturb little (one store per block and probe).
 
@@ -23,7 +24,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.gpu_forward import QWEN3_1_7B, synthetic_weights  # noqa: E402
+from bench.gpu_forward import QWEN3_1_7B, capture, synthetic_weights  # noqa: E402
 from decoder_service.engines.cuda.driver import call, cuda_available  # noqa: E402
 from decoder_service.engines.cuda.forward import CudaModel  # noqa: E402
 from decoder_service.engines.cuda.module import Module  # noqa: E402
@@ -84,6 +85,12 @@ def main() -> int:
         help="the model's KV capacity (default: the prompt + 16, four blocks a head)",
     )
     parser.add_argument(
+        "--host-launch",
+        action="store_true",
+        help="launch the kernels one by one from the host instead of replaying them as one CUDA graph (the host's "
+        "launch gaps then show between kernels)",
+    )
+    parser.add_argument(
         "--warm", action="store_true", help="run the attention launch twice and trace the second (caches warm)"
     )
     args = parser.parse_args()
@@ -106,10 +113,14 @@ def main() -> int:
     o_blocks = launches[-1].grid[0]
     if heads * splits * len(ATTN_PROBES) > GEMV_SLOT:  # cuda/attention_decode.cuh's probes end below the GEMV's
         raise SystemExit(f"{heads} x {splits} attention blocks need more probe slots than {GEMV_SLOT}")
+    graph = None if args.host_launch else capture(model.stream, launches)
     runs = []
     for _ in range(args.repeats):
-        for launch in launches:
-            launch(model.stream)
+        if graph is None:
+            for launch in launches:
+                launch(model.stream)
+        else:
+            call("cuGraphLaunch", graph, model.stream.handle)
         trace = read_trace(module, model)
         attn_blocks = range(heads * splits)
         stride = len(ATTN_PROBES)  # slots per attention block: ATTN_TRACE_PROBES in cuda/attention_decode.cuh
@@ -150,8 +161,11 @@ def main() -> int:
         "prompt": args.prompt,
         "max_context": max_context,
         "warm": args.warm,
+        "launched": "host, one by one" if args.host_launch else "one CUDA graph",
         "runs": runs,
     }
+    if graph is not None:
+        call("cuGraphExecDestroy", graph)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in runs[-1].items() if not k.startswith("raw")}, indent=1))
     return 0
