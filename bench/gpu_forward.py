@@ -363,7 +363,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
         "  the bytes one step must read; the fp32 cache adds 44 MB over a bf16 one at this prompt length.",
         "- Differences of about 0.01 ms in the breakdown are timing noise (a tiny kernel can show a negative cost).",
         "- Decode attention is one launch per layer (attention_decode): rotary embedding and the cache write of the",
-        "  new token, fixed 64-position chunks split over up to 16 blocks per head, and the merge in ascending order",
+        "  new token, fixed 32-position chunks split over up to 24 blocks per head, and the merge in ascending order",
         "  by the head's last block.",
         "- Kernels are launched with programmatic dependent launch: each may start while the one before it still",
         "  runs, and waits for it before touching activations (the GEMVs load their first weights before waiting).",

@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.gpu_forward import QWEN3_1_7B, capture, synthetic_weights  # noqa: E402
 from decoder_service.engines.cuda.driver import call, cuda_available  # noqa: E402
-from decoder_service.engines.cuda.forward import CudaModel  # noqa: E402
+from decoder_service.engines.cuda.forward import ATTN_CHUNK, CudaModel  # noqa: E402
 from decoder_service.engines.cuda.module import Module  # noqa: E402
 from tooltrie.cuda_build import CUDA_DIR, ENTRY, NVCC_FLAGS, find_nvcc  # noqa: E402
 
@@ -47,7 +47,7 @@ ATTN_PROBES = [
     "merge done",
 ]
 GEMV_PROBES = ["entry", "after pdl wait", "input staged", "rows done"]
-GEMV_SLOT = 4096
+GEMV_SLOT = 6144
 
 
 def traced_cubin(out_dir: Path) -> Path:
@@ -132,7 +132,7 @@ def main() -> int:
             slots = [GEMV_SLOT + b * 4 + i for b in range(o_blocks)]
             run["gemv_o"][name] = summarise(trace, slots, t0)
         # the block that scores the new token (last chunk) of head 0, probe by probe
-        last = (args.prompt // 64) % splits
+        last = (args.prompt // ATTN_CHUNK) % splits
         run["head0_last_chunk_block_us"] = {
             name: (int(trace[last * stride + i, 0]) - t0) / 1e3
             for i, name in enumerate(ATTN_PROBES)

@@ -1,11 +1,11 @@
 // Decode attention (one query token), one launch per layer: q/k norm and rotary embedding of the new token,
 // its K/V cache write, attention split over the cached positions so that a head keeps many SMs busy, and the
 // merge of the splits. (The single-block kernel in attention.cuh serves prefill.) Deterministic by construction:
-//   the positions are cut into fixed chunks of ATTN_CHUNK (chunk c holds positions c*64 .. c*64+63, whatever
+//   the positions are cut into fixed chunks of ATTN_CHUNK (chunk c holds positions c*32 .. c*32+31, whatever
 //   the grid), so a chunk's partial result does not depend on how many blocks run;
 //   per (head, chunk): scores with one warp per position (lanes own fixed float4 slices, butterfly sum; a warp's
-//   8 rows are loaded before any is used, together with the chunk's V), the chunk's max m and sum l of
-//   exp(s - m) (each warp computes them, bit-identical to the fixed block trees), and acc[d] = sum_j p_j v[j, d]
+//   4 rows are loaded before any is used, together with the chunk's V), the chunk's max m and sum l of
+//   exp(s - m) (each warp computes them: a score a lane, one butterfly), and acc[d] = sum_j p_j v[j, d]
 //   with V loaded straight into registers, positions dealt round-robin to thread groups, the groups added in
 //   ascending order; (m, l, acc) go to `partial`;
 //   the block that finishes a head last (a counter per head, over the blocks that have a chunk; the others leave
@@ -19,17 +19,19 @@
 #include "common.cuh"
 #include "rope.cuh"
 
-#define ATTN_CHUNK 64
-static_assert(ATTN_CHUNK == 2 * TT_WARP, "each warp's softmax takes two scores a lane");
+// 32 positions a chunk: what a block loads (K and V of its chunk) sets its chain, so chunks are kept small (64
+// positions a chunk cost 40-50 µs per token on an H200; docs/cuda-speed-notes.md #54).
+#define ATTN_CHUNK 32
+static_assert(ATTN_CHUNK == TT_WARP, "each warp's softmax takes one score a lane");
 #define ATTN_SPLIT_THREADS 256  // the kernel assumes exactly this block size
 #define ATTN_SPLIT_WARPS (ATTN_SPLIT_THREADS / TT_WARP)
 #define ATTN_ROWS_PER_WARP (ATTN_CHUNK / ATTN_SPLIT_WARPS)
-#define ATTN_V_COL 32                // V values a thread holds in registers at a time
-#define ATTN_MERGE_BATCH 4           // chunk values per output element loaded together by the merge
+#define ATTN_V_COL 16                // V values a thread holds in registers at a time
+#define ATTN_MERGE_BATCH 16          // chunk values per output element loaded together by the merge
 #define ATTN_TRACE_PROBES 13         // TT_MARK probes per block (-DTT_TRACE; bench/gpu_trace_attention.py names them)
 // Chunks the merge holds: 65,536 positions. The host's max_context is bounded lower, by the prefill attention's
 // shared memory (one score per position: about 49,600), so this is never the limit.
-#define ATTN_MERGE_MAX_CHUNKS 1024
+#define ATTN_MERGE_MAX_CHUNKS 2048
 
 // Loads the V values thread (g, d) sums next: column d of rows t0 + g + k * groups (k < ATTN_V_COL) of the chunk at
 // j0, where groups = ATTN_SPLIT_THREADS / head_dim threads share a column. A warp reads 32 consecutive columns of
@@ -65,7 +67,7 @@ __device__ __forceinline__ void attn_prefetch_rows_l2(const float* k_cache, cons
 
 // grid (n_heads, any number of blocks); block ATTN_SPLIT_THREADS. partial holds n_heads * max_chunks records of
 // head_dim + 2 floats; done holds n_heads zeroed counters (left zeroed). qkv is the new token's raw q|k|v.
-extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS)
+extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3)
 attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm, const bf16_t* __restrict__ k_norm,
                  float* __restrict__ k_cache, float* __restrict__ v_cache, float* __restrict__ partial,
                  float* __restrict__ out, int* __restrict__ done, const int* pos_ptr, int pos_host, int n_heads,
@@ -97,6 +99,8 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
     const int last_chunk = pos / ATTN_CHUNK;
     const bool scores_pos = last_chunk % gridDim.y == blockIdx.y;  // uniform: this block scores row pos
+    // Three blocks fit an SM (the launch bounds hold registers to 80), so a head's 24 blocks (the host's grid) stay
+    // one wave up to 768 positions.
     // Blocks without a chunk (short contexts) leave at once, freeing their SM for the next kernel's blocks, which
     // start loading their weights (programmatic launch); the merge counts only the blocks that have chunks.
     const int working = min((int)gridDim.y, n_chunks);
@@ -149,7 +153,8 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
         // The V this thread sums is loaded into registers together with the K rows, so both round trips overlap.
         float vcol[ATTN_V_COL];
         attn_load_v_col(vcol, v_cache, vnew, pos, j0, 0, rows, g, d, groups, kv_stride, kvh, head_dim);
-        // Scores: warp w owns rows w, w + 8, ...; every row's loads are issued before the first use. Rows past the
+        // Scores: warp w owns rows w, w + 8, w + 16, w + 24; every row's loads are issued before the first use. Rows
+        // past the
         // chunk load the chunk's first row and score -inf; row pos takes the k computed above.
         float s[ATTN_ROWS_PER_WARP];
 #pragma unroll
@@ -188,23 +193,15 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
         }
         __syncthreads();
         TT_MARK(mark + 6);
-        // Softmax weights: every warp works out the chunk's max and sum itself, with no block barrier. The max is
-        // exact in any order; the sum is block_sum's over the 64 values, whose tree adds warp_sum(rows 0-31) and
-        // warp_sum(rows 32-63) (the other warps' partials are zeros), as here. Each warp keeps its own copy of the
-        // weights for its V sums.
-        const float s0 = p[lane], s1 = p[lane + TT_WARP];
-        const float m = warp_max(fmaxf(s0, s1));
-        const float e0 = lane < rows ? expf(s0 - m) : 0.0f, e1 = lane + TT_WARP < rows ? expf(s1 - m) : 0.0f;
-        float l0 = e0, l1 = e1;
-#pragma unroll
-        for (int o = TT_WARP / 2; o > 0; o >>= 1) {  // warp_sum of both, interleaved
-            l0 += __shfl_xor_sync(0xffffffffu, l0, o);
-            l1 += __shfl_xor_sync(0xffffffffu, l1, o);
-        }
-        const float l = l0 + l1;
+        // Softmax weights: every warp works out the chunk's max and sum itself (one score a lane: warp_max and
+        // warp_sum, the same in every warp), with no block barrier. Each warp keeps its own copy of the weights for
+        // its V sums.
+        const float s0 = p[lane];
+        const float m = warp_max(s0);
+        const float e0 = lane < rows ? expf(s0 - m) : 0.0f;
+        const float l = warp_sum(e0);
         float* pw = weights[warp];
         pw[lane] = e0;
-        pw[lane + TT_WARP] = e1;
         __syncwarp();
         TT_MARK(mark + 7);
 

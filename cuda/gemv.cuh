@@ -122,7 +122,7 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
     __syncthreads();
 }
 
-#define GEMV_TRACE_SLOT 4096  // TT_MARK slots of block b: 4096 + 4b .. 4096 + 4b + 3 (-DTT_TRACE)
+#define GEMV_TRACE_SLOT 6144  // TT_MARK slots of block b: 6144 + 4b .. 6144 + 4b + 3 (-DTT_TRACE)
 #define GEMV_PREFETCH 8  // 16-byte chunks per lane loaded before the input is staged (a whole 2048-wide row)
 
 // acc += the 8 products of one 16-byte weight chunk with its 8 staged inputs, in ascending order.

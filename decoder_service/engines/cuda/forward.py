@@ -50,8 +50,8 @@ GEMM_TILE = 64  # GEMM_BM == GEMM_BN in cuda/gemm.cuh
 SKINNY_TOKENS = 8  # GEMM_SKINNY_T: tokens per block of the skinny prefill kernel (cuda/gemm.cuh)
 SKINNY_MAX_TOKENS = 64  # prefills of at most this many tokens use it (request suffixes); longer ones, the tiled GEMM
 ATTN_THREADS = 256
-ATTN_CHUNK = 64  # positions per partial of the decode attention (cuda/attention_decode.cuh)
-ATTN_SPLIT_BLOCKS = 16  # blocks per head of the decode attention; each takes every 16th chunk
+ATTN_CHUNK = 32  # positions per partial of the decode attention (cuda/attention_decode.cuh)
+ATTN_SPLIT_BLOCKS = 24  # blocks per head of the decode attention; each takes every 24th chunk (three fit an SM)
 ATTN_STATIC_SHARED = 33_920  # attention's static shared memory (ptxas -v)
 MAX_SHARED_PER_BLOCK = 227 * 1024
 ARGMAX_THREADS = 1024
@@ -388,7 +388,7 @@ class CudaModel:
 
     def _decode_attention(self, layer: int, pos_ptr: int, pos: int) -> Launch:
         """The new token's attention in one launch (cuda/attention_decode.cuh): q/k norm and rotary embedding,
-        the cache write, fixed 64-position chunks split over up to 16 blocks per head, and the merge."""
+        the cache write, fixed 32-position chunks split over up to 24 blocks per head, and the merge."""
         c, lw = self.config, self.weights.layers[layer]
         return Launch(
             self.module.kernel("attention_decode"),

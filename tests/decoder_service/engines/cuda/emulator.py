@@ -16,6 +16,8 @@ import numpy as np
 from tests.decoder_service.engines.cuda import reference as ref
 
 CUDA_DIR = Path(__file__).resolve().parents[4] / "cuda"
+# Positions per decode attention chunk, as the kernel defines it.
+ATTN_CHUNK = int(re.search(r"#define ATTN_CHUNK (\d+)", (CUDA_DIR / "attention_decode.cuh").read_text()).group(1))
 _SIGNATURE = re.compile(r'extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s+(\w+)\s*\(([^)]*)\)', re.S)
 
 
@@ -438,7 +440,7 @@ class FakeDriver:
         assert grid[0] == h and block[0] == 256 and 256 % hd == 0
         assert abs(a.scale - hd**-0.5) < 1e-6
         pos = self._pos(a)
-        assert -(-(pos + 1) // 64) <= a.max_chunks, "more chunks than the partial buffer holds"
+        assert -(-(pos + 1) // ATTN_CHUNK) <= a.max_chunks, "more chunks than the partial buffer holds"
         assert not self.view(a.done, np.int32, h).any(), "merge counters must start at zero"
         self.view(a.partial, np.float32, h * a.max_chunks * (hd + 2))  # the split records fit the buffer
         qkv = self.view(a.qkv, np.float32, (h + 2 * kv) * hd).reshape(1, -1)

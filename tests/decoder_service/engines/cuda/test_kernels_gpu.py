@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from decoder_service.engines.cuda.forward import GSTREAM_THREADS, gemv_groups, gemv_stream_shared
+from decoder_service.engines.cuda.forward import ATTN_CHUNK, GSTREAM_THREADS, gemv_groups, gemv_stream_shared
 from decoder_service.engines.cuda.memory import DeviceBuffer
 from tests.decoder_service.engines.cuda import reference as ref
 from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random, load_module, record, requires_gpu
@@ -515,7 +515,7 @@ def test_decode_attention(
     """The one-launch decode attention against float64; bit-identical whatever the number of blocks per head;
     the cache row it writes is bit-identical to the prefill kernel's; the merge counters are left at zero."""
     heads, kv, ctx, theta, eps = 8, 2, 2048, 1e6, 1e-6
-    chunks = ctx // 64
+    chunks = ctx // ATTN_CHUNK
     width = (heads + 2 * kv) * hd
     qkv = rng.standard_normal(width).astype(F32)
     qnb, qn = bf16_random(rng, hd, 0.2, 1.0)
