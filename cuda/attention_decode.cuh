@@ -19,8 +19,8 @@
 #include "common.cuh"
 #include "rope.cuh"
 
-// 32 positions a chunk: what a block loads (K and V of its chunk) sets its chain, so chunks are kept small (64
-// positions a chunk cost 40-50 µs per token on an H200; docs/cuda-speed-notes.md #54).
+// 32 positions a chunk: what a block loads (K and V of its chunk) sets its chain, so chunks are kept small (with
+// 64 a step took 20-27 µs longer on an H200; docs/cuda-speed-notes.md #54, #56).
 #define ATTN_CHUNK 32
 static_assert(ATTN_CHUNK == TT_WARP, "each warp's softmax takes one score a lane");
 #define ATTN_SPLIT_THREADS 256  // the kernel assumes exactly this block size
@@ -153,9 +153,8 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
         // The V this thread sums is loaded into registers together with the K rows, so both round trips overlap.
         float vcol[ATTN_V_COL];
         attn_load_v_col(vcol, v_cache, vnew, pos, j0, 0, rows, g, d, groups, kv_stride, kvh, head_dim);
-        // Scores: warp w owns rows w, w + 8, w + 16, w + 24; every row's loads are issued before the first use. Rows
-        // past the
-        // chunk load the chunk's first row and score -inf; row pos takes the k computed above.
+        // Scores: warp w owns rows w, w + 8, w + 16, w + 24; every row's loads are issued before the first use.
+        // Rows past the chunk load the chunk's first row and score -inf; row pos takes the k computed above.
         float s[ATTN_ROWS_PER_WARP];
 #pragma unroll
         for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u) s[u] = 0.0f;
