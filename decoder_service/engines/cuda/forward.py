@@ -623,6 +623,7 @@ class CudaModel:
             self.token,
             *self.k_cache,
             *self.v_cache,
+            self.rope,
         ]
         for buf in buffers:
             buf.free()

@@ -74,6 +74,8 @@ class FakeDriver:
         self.sigs = kernel_signatures()
         self.launches: list[str] = []
         self.programmatic_launches = 0
+        self.live: set[int] = set()  # device allocations not yet freed
+        self.live_host: set[int] = set()  # mapped host allocations not yet freed
 
     # -- memory ---------------------------------------------------------------------------------------
     def view(self, ptr: int, dtype: type, count: int) -> np.ndarray:
@@ -90,9 +92,13 @@ class FakeDriver:
         self.top = (off + n + 255) // 256 * 256
         if self.top > self.heap.size:
             raise MemoryError("emulated heap exhausted")
+        self.live.add(self.BASE + off)
         return 0, self.BASE + off
 
     def cuMemFree(self, ptr: int) -> tuple:
+        if ptr not in self.live:
+            raise AssertionError(f"cuMemFree of {ptr:#x}, which is not a live allocation")
+        self.live.remove(ptr)
         return (0,)
 
     def cuMemcpyHtoDAsync(self, dst: int, src: int, n: int, stream: Any) -> tuple:
@@ -117,12 +123,18 @@ class FakeDriver:
     def cuMemHostAlloc(self, n: int, flags: int) -> tuple:
         """Mapped host memory: a slice of the heap whose host address is the heap's own storage."""
         _, ptr = self.cuMemAlloc(n)
-        return 0, self.heap.ctypes.data + (ptr - self.BASE)
+        self.live.remove(ptr)  # freed with cuMemFreeHost
+        host = self.heap.ctypes.data + (ptr - self.BASE)
+        self.live_host.add(host)
+        return 0, host
 
     def cuMemHostGetDevicePointer(self, host: int, flags: int) -> tuple:
         return 0, self.BASE + (host - self.heap.ctypes.data)
 
     def cuMemFreeHost(self, host: int) -> tuple:
+        if host not in self.live_host:
+            raise AssertionError(f"cuMemFreeHost of {host:#x}, which is not a live host allocation")
+        self.live_host.remove(host)
         return (0,)
 
     def cuModuleGetGlobal(self, mod: Any, name: bytes) -> tuple:
@@ -130,6 +142,7 @@ class FakeDriver:
             return 500, None, 0
         if not hasattr(self, "const_ptr"):
             self.const_ptr = self.cuMemAlloc(65536)[1]
+            self.live.remove(self.const_ptr)  # the module's own memory, not the program's to free
         return 0, self.const_ptr, 65536
 
     def cuStreamQuery(self, stream: Any) -> tuple:

@@ -49,6 +49,19 @@ def test_trie_placements_decide_identically(fake_driver, tiny_model, tiny_catalo
     assert len({e.name for e in events[:-1]}) == 3
 
 
+@pytest.mark.parametrize("loop", ["host", "graph"])
+def test_engine_frees_all_it_allocated(fake_driver, tiny_model, tiny_catalog, loop: str) -> None:
+    from decoder_service.engines.base import DecodeRequest
+    from decoder_service.engines.cuda.engine import CudaEngine
+    from decoder_service.engines.cuda.module import Module
+
+    before = set(fake_driver.live), set(fake_driver.live_host)
+    engine = CudaEngine(*tiny_model, loop=loop, module=Module(b"cubin"), max_context=512)
+    list(engine.decode(DecodeRequest("Read the config file", 2, tiny_catalog)))
+    engine.free()
+    assert (fake_driver.live, fake_driver.live_host) == before, "device or host buffers outlive the engine"
+
+
 def test_empty_mask_grammar_fails_loudly(fake_driver, tiny_model) -> None:
     from decoder_service.engines.cuda.engine import CudaEngine
     from decoder_service.engines.cuda.module import Module

@@ -110,6 +110,15 @@ def test_model_rejects_wrong_weight_shape(fake_driver: FakeDriver) -> None:
         CudaModel(cfg, weights, Module(b"cubin"), max_context=32, max_prefill=8)
 
 
+def test_model_frees_all_it_allocated(fake_driver: FakeDriver) -> None:
+    before = set(fake_driver.live)
+    model = tiny_qwen3_model()
+    model.prefill([5, 6, 7])
+    assert fake_driver.live - before, "the model holds device memory while alive"
+    model.free()
+    assert fake_driver.live == before, f"{len(fake_driver.live - before)} device buffers outlive the model"
+
+
 H200_SM_SHARED = 228 * 1024
 
 
