@@ -13,11 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from decoder_service.engines.cuda.forward import ATTN_CHUNK
 from tests.decoder_service.engines.cuda import reference as ref
 
 CUDA_DIR = Path(__file__).resolve().parents[4] / "cuda"
-# Positions per decode attention chunk, as the kernel defines it.
-ATTN_CHUNK = int(re.search(r"#define ATTN_CHUNK (\d+)", (CUDA_DIR / "attention_decode.cuh").read_text()).group(1))
 _SIGNATURE = re.compile(r'extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s+(\w+)\s*\(([^)]*)\)', re.S)
 
 
@@ -87,13 +86,18 @@ class FakeDriver:
             raise AssertionError(f"access of {nbytes} bytes at offset {off} is outside allocated memory")
         return self.heap[off : off + nbytes].view(dtype)
 
-    def cuMemAlloc(self, n: int) -> tuple:
+    def _allocate(self, n: int) -> int:
+        """A device address of ``n`` fresh bytes of the heap."""
         off = self.top
         self.top = (off + n + 255) // 256 * 256
         if self.top > self.heap.size:
             raise MemoryError("emulated heap exhausted")
-        self.live.add(self.BASE + off)
-        return 0, self.BASE + off
+        return self.BASE + off
+
+    def cuMemAlloc(self, n: int) -> tuple:
+        ptr = self._allocate(n)
+        self.live.add(ptr)
+        return 0, ptr
 
     def cuMemFree(self, ptr: int) -> tuple:
         if ptr not in self.live:
@@ -122,9 +126,7 @@ class FakeDriver:
 
     def cuMemHostAlloc(self, n: int, flags: int) -> tuple:
         """Mapped host memory: a slice of the heap whose host address is the heap's own storage."""
-        _, ptr = self.cuMemAlloc(n)
-        self.live.remove(ptr)  # freed with cuMemFreeHost
-        host = self.heap.ctypes.data + (ptr - self.BASE)
+        host = self.heap.ctypes.data + (self._allocate(n) - self.BASE)
         self.live_host.add(host)
         return 0, host
 
@@ -141,8 +143,7 @@ class FakeDriver:
         if name != b"tt_trie_const":
             return 500, None, 0
         if not hasattr(self, "const_ptr"):
-            self.const_ptr = self.cuMemAlloc(65536)[1]
-            self.live.remove(self.const_ptr)  # the module's own memory, not the program's to free
+            self.const_ptr = self._allocate(65536)  # the module's own memory, not the program's to free
         return 0, self.const_ptr, 65536
 
     def cuStreamQuery(self, stream: Any) -> tuple:

@@ -51,12 +51,11 @@ def qk_norm_rope(
     n_heads: int,
     n_kv: int,
     hd: int,
-    theta: float | np.ndarray,
+    table: np.ndarray,
     eps: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(q [T, H, hd] rotated, k [T, KV, hd] rotated, v [T, KV, hd]) from a [T, (H + 2 KV) hd] qkv block.
-
-    ``theta``: the rotary base, or a rope table ([positions, hd], as rope_table) to read the angles from."""
+    """(q [T, H, hd] rotated, k [T, KV, hd] rotated, v [T, KV, hd]) from a [T, (H + 2 KV) hd] qkv block, with the
+    angles of positions pos0 .. pos0 + T - 1 read from ``table`` (rope_table's layout)."""
     t = qkv.shape[0]
     qkv = qkv.astype(np.float64)
     q = qkv[:, : n_heads * hd].reshape(t, n_heads, hd)
@@ -65,8 +64,7 @@ def qk_norm_rope(
     if q_norm is not None:
         q = rmsnorm(q, q_norm, eps)
         k = rmsnorm(k, k_norm, eps)
-    table = rope_table(pos0 + t, hd, theta) if np.isscalar(theta) else np.asarray(theta, dtype=np.float64)
-    rows = table[pos0 : pos0 + t]
+    rows = np.asarray(table, dtype=np.float64)[pos0 : pos0 + t]
     return rope(q, rows), rope(k, rows), v
 
 

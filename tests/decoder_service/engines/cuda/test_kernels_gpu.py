@@ -455,7 +455,8 @@ def test_qk_norm_rope_cache(dev: Device, rng: np.random.Generator, hd: int, qk_n
             ("f32", eps),
         ],
     )
-    q, k, v = ref.qk_norm_rope(qkv, qn if qk_norm else None, kn if qk_norm else None, pos0, heads, kv, hd, theta, eps)
+    truth = ref.rope_table(ctx, hd, theta)
+    q, k, v = ref.qk_norm_rope(qkv, qn if qk_norm else None, kn if qk_norm else None, pos0, heads, kv, hd, truth, eps)
     tag = f"hd={hd},norm={qk_norm},device_pos={device_pos}"
     out_qkv = dev.get(qkv_b, F32, (t, width))
     check(f"qk_norm_rope/q/{tag}", out_qkv[:, : heads * hd], q.reshape(t, -1))
@@ -560,7 +561,15 @@ def test_decode_attention(
         caches.append((dev.get(kb, F32, (ctx, kv, hd)), dev.get(vb, F32, (ctx, kv, hd))))
         assert not dev.get(done, np.int32, heads).any(), "the merge counters must be left at zero"
     q, k, v = ref.qk_norm_rope(
-        qkv.reshape(1, -1), qn if qk_norm else None, kn if qk_norm else None, pos0, heads, kv, hd, theta, eps
+        qkv.reshape(1, -1),
+        qn if qk_norm else None,
+        kn if qk_norm else None,
+        pos0,
+        heads,
+        kv,
+        hd,
+        ref.rope_table(ctx, hd, theta),
+        eps,
     )
     expected_k, expected_v = k_cache.astype(np.float64), v_cache.astype(np.float64)
     expected_k[pos0], expected_v[pos0] = k[0], v[0]
