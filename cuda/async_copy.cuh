@@ -59,3 +59,4 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
         ::"r"(smem_address(dst)), "l"(src), "r"(bytes), "r"(smem_address(bar)), "l"(policy)
         : "memory");
 }
+

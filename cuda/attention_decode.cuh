@@ -65,6 +65,234 @@ __device__ __forceinline__ void attn_prefetch_rows_l2(const float* k_cache, cons
     }
 }
 
+// Shared memory of one block's decode attention work (the attention_decode kernel's, and the persistent decode
+// kernel's attention phase).
+struct AttnShared {
+    __align__(16) float q[256];
+    __align__(16) float knew[256];
+    __align__(16) float vnew[256];
+    float rope_scratch[2 * 256];  // q and k of the head
+    float p[ATTN_CHUNK];                         // the chunk's scores
+    float weights[ATTN_SPLIT_WARPS][ATTN_CHUNK];  // each warp's copy of the softmax weights
+    float red[ATTN_SPLIT_THREADS];
+    float scratch[64];
+    int merge;
+};
+
+// The geometry of one layer's decode attention.
+struct AttnDims {
+    int n_heads, n_kv_heads, head_dim, max_chunks;
+    float scale, eps;
+};
+
+// The block's head h, ready for its chunks: q normalised and rotated into sh.q, and (scores_pos: the block has the
+// chunk that holds pos) the new token's k and v into sh.knew and sh.vnew, the first q head of each kv group writing
+// them to the caches. The rows prefetch_row0 .. + prefetch_rows of the K/V caches are requested into L2 meanwhile,
+// so their HBM round trip overlaps the rotary work (a prefetch holds no registers; later loads then hit L2).
+// q_norm_d and k_norm_d are element threadIdx.x of the norm weights (loaded by the caller). Ends with a barrier.
+template <bool CG>
+__device__ __forceinline__ void attn_prepare_head(const float* qkv, bool q_has_norm, bool k_has_norm, float q_norm_d,
+                                                  float k_norm_d, float* k_cache, float* v_cache,
+                                                  const float* __restrict__ rope, int h, int pos, bool scores_pos,
+                                                  int prefetch_row0, int prefetch_rows, const AttnDims& d,
+                                                  AttnShared& sh, int mark) {
+    const int head_dim = d.head_dim, group_size = d.n_heads / d.n_kv_heads, kvh = h / group_size;
+    const bool active = threadIdx.x < head_dim;
+    const int q_width = d.n_heads * head_dim, kv_stride = d.n_kv_heads * head_dim;
+    // The new token's q (and, for the block that scores row pos, its k and v) and the rotation's cosine and sine
+    // in one round of loads.
+    const float q_raw = active ? load_activation<CG>(qkv + h * head_dim + threadIdx.x) : 0.0f;
+    const float2 cs = rope_cos_sin(rope, pos, head_dim);
+    float k_raw = 0.0f, v_raw = 0.0f;
+    if (scores_pos && active) {
+        k_raw = load_activation<CG>(qkv + q_width + kvh * head_dim + threadIdx.x);
+        v_raw = load_activation<CG>(qkv + q_width + kv_stride + kvh * head_dim + threadIdx.x);
+    }
+    if (prefetch_rows > 0)
+        attn_prefetch_rows_l2(k_cache, v_cache, prefetch_row0, prefetch_rows, kv_stride, kvh, head_dim);
+
+    if (!scores_pos) {
+        const float qd =
+            head_norm_rope_values(q_raw, q_has_norm, q_norm_d, cs, head_dim, d.eps, sh.rope_scratch, sh.scratch);
+        if (active) sh.q[threadIdx.x] = qd;
+    } else {  // q and k together: one reduction and one rotation phase instead of two of each
+        const float2 qk = head_norm_rope_pair(q_raw, k_raw, q_has_norm, k_has_norm, q_norm_d, k_norm_d, cs, head_dim,
+                                              d.eps, sh.rope_scratch, sh.scratch);
+        const float kd = qk.y;
+        if (active) {
+            sh.q[threadIdx.x] = qk.x;
+            sh.knew[threadIdx.x] = kd;
+            sh.vnew[threadIdx.x] = v_raw;
+            if (h % group_size == 0) {  // one writer per kv head
+                const size_t c = (size_t)pos * kv_stride + kvh * head_dim + threadIdx.x;
+                k_cache[c] = kd;
+                v_cache[c] = v_raw;
+            }
+        }
+    }
+    TT_MARK(mark + 2);
+    __syncthreads();
+    TT_MARK(mark + 3);
+}
+
+// Chunk c of head h (attn_prepare_head done for h): its scores, softmax max m and sum l, and V sums, written as the
+// record (m, l, acc[head_dim]) of (h, c) in `partial`. Ends with a barrier (sh is free for the next chunk).
+__device__ __forceinline__ void attn_chunk_record(const float* __restrict__ k_cache, const float* __restrict__ v_cache,
+                                                  float* __restrict__ partial, int h, int c, int pos,
+                                                  const AttnDims& d, AttnShared& sh, int mark) {
+    const int head_dim = d.head_dim, kvh = h / (d.n_heads / d.n_kv_heads);
+    const int length = pos + 1, kv_stride = d.n_kv_heads * head_dim, hd4 = head_dim / 4;
+    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
+    const float4* q4 = reinterpret_cast<const float4*>(sh.q);
+    const float4* knew4 = reinterpret_cast<const float4*>(sh.knew);
+    const int groups = blockDim.x / head_dim;  // head_dim divides 256 for 16, 32, 64, 128, 256
+    const int g = threadIdx.x / head_dim, dcol = threadIdx.x % head_dim;
+    const int col_rows = ATTN_V_COL * groups;  // chunk rows whose V one round of loads covers
+    const int j0 = c * ATTN_CHUNK, rows = min(ATTN_CHUNK, length - j0);
+    // The V this thread sums is loaded into registers together with the K rows, so both round trips overlap.
+    float vcol[ATTN_V_COL];
+    attn_load_v_col(vcol, v_cache, sh.vnew, pos, j0, 0, rows, g, dcol, groups, kv_stride, kvh, head_dim);
+    // Scores: warp w owns rows w, w + 8, w + 16, w + 24; every row's loads are issued before the first use.
+    // Rows past the chunk load the chunk's first row and score -inf; row pos takes the k computed above.
+    float s[ATTN_ROWS_PER_WARP];
+#pragma unroll
+    for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u) s[u] = 0.0f;
+    const float4* kbase = reinterpret_cast<const float4*>(k_cache + (size_t)j0 * kv_stride + kvh * head_dim);
+    for (int i = lane; i < hd4; i += TT_WARP) {
+        float4 k[ATTN_ROWS_PER_WARP];
+#pragma unroll
+        for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u) {
+            const int r = warp + u * ATTN_SPLIT_WARPS;
+            k[u] = kbase[(size_t)(r < rows ? r : 0) * (kv_stride / 4) + i];
+        }
+#pragma unroll
+        for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u)
+            if (j0 + warp + u * ATTN_SPLIT_WARPS == pos) k[u] = knew4[i];
+        const float4 qq = q4[i];
+#pragma unroll
+        for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u) {
+            s[u] = fmaf(qq.x, k[u].x, s[u]);
+            s[u] = fmaf(qq.y, k[u].y, s[u]);
+            s[u] = fmaf(qq.z, k[u].z, s[u]);
+            s[u] = fmaf(qq.w, k[u].w, s[u]);
+        }
+    }
+    TT_MARK(mark + 4);
+    // warp_sum of every row, the rows' butterflies interleaved (each row's additions are warp_sum's, in its order)
+#pragma unroll
+    for (int o = TT_WARP / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
+    TT_MARK(mark + 5);
+#pragma unroll
+    for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u) {
+        const int r = warp + u * ATTN_SPLIT_WARPS;
+        if (lane == 0) sh.p[r] = r < rows ? s[u] * d.scale : -INFINITY;
+    }
+    __syncthreads();
+    TT_MARK(mark + 6);
+    // Softmax weights: every warp works out the chunk's max and sum itself (one score a lane: warp_max and
+    // warp_sum, the same in every warp), with no block barrier. Each warp keeps its own copy of the weights for
+    // its V sums.
+    const float s0 = sh.p[lane];
+    const float m = warp_max(s0);
+    const float e0 = lane < rows ? expf(s0 - m) : 0.0f;
+    const float l = warp_sum(e0);
+    float* pw = sh.weights[warp];
+    pw[lane] = e0;
+    __syncwarp();
+    TT_MARK(mark + 7);
+
+    // Output: thread (g, d) sums rows g, g + groups, ... of column d in ascending order, straight from the
+    // registers loaded above (one more round per ATTN_V_COL rows at head_dim 256); the groups are then added
+    // in ascending order.
+    float acc = 0.0f;
+    for (int t0 = 0; t0 < rows; t0 += col_rows) {
+        if (t0 > 0)
+            attn_load_v_col(vcol, v_cache, sh.vnew, pos, j0, t0, rows, g, dcol, groups, kv_stride, kvh, head_dim);
+#pragma unroll
+        for (int k = 0; k < ATTN_V_COL; ++k) {
+            const int r = t0 + g + k * groups;
+            if (r < rows) acc = fmaf(pw[r], vcol[k], acc);
+        }
+    }
+    sh.red[g * head_dim + dcol] = acc;
+    __syncthreads();
+    TT_MARK(mark + 8);
+    float* rec = partial + ((size_t)h * d.max_chunks + c) * (head_dim + 2);
+    if (threadIdx.x < head_dim) {
+        float sum = sh.red[threadIdx.x];
+        for (int i = 1; i < groups; ++i) sum += sh.red[i * head_dim + threadIdx.x];  // ascending group order
+        rec[2 + threadIdx.x] = sum;
+    }
+    if (threadIdx.x == 0) {
+        rec[0] = m;
+        rec[1] = l;
+    }
+    __syncthreads();  // p, weights and red are reused by the next chunk; the records are written
+}
+
+// Counts this block's records of head h in (`arrivals` of `done[h]`'s `expected`); the block that brings the count to
+// `expected` merges the head's n_chunks records in ascending order into out and resets the counter. Which block
+// merges changes nothing. merge_m and merge_l hold n_chunks floats each (shared memory). Uniform across the block.
+// The barrier that ends the last chunk orders the block's record writes before thread 0's count, whose release
+// (cumulative) publishes them; the merging block's count is also an acquire, and the barrier after it orders its
+// threads' reads of the other blocks' records after it. One acq_rel atomic instead of two full fences around a
+// relaxed one.
+__device__ __forceinline__ void attn_count_and_merge(float* __restrict__ partial, float* __restrict__ out,
+                                                     int* __restrict__ done, int h, int n_chunks, int expected,
+                                                     const AttnDims& d, AttnShared& sh, float* merge_m,
+                                                     float* merge_l, int mark) {
+    const int head_dim = d.head_dim;
+    const bool active = threadIdx.x < head_dim;
+    TT_MARK(mark + 9);
+    if (threadIdx.x == 0) {
+        int before;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(done + h) : "memory");
+        sh.merge = before == expected - 1;
+    }
+    __syncthreads();
+    TT_MARK(mark + 10);
+    if (!sh.merge) return;
+    // Every chunk's (m, l) into shared memory and each output element's first ATTN_MERGE_BATCH chunk values into
+    // registers, in one round of loads; later chunks' values in batches. The merge arithmetic runs in ascending
+    // chunk order.
+    const float* ph = partial + (size_t)h * d.max_chunks * (head_dim + 2);
+    float vals[ATTN_MERGE_BATCH];
+#pragma unroll
+    for (int j = 0; j < ATTN_MERGE_BATCH; ++j)
+        vals[j] = active && j < n_chunks ? __ldcg(ph + j * (head_dim + 2) + 2 + threadIdx.x) : 0.0f;
+    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) {
+        merge_m[c] = __ldcg(ph + c * (head_dim + 2));
+        merge_l[c] = __ldcg(ph + c * (head_dim + 2) + 1);
+    }
+    __syncthreads();
+    TT_MARK(mark + 11);
+    if (active) {
+        float mx = -INFINITY;
+        for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, merge_m[c]);
+        float lsum = 0.0f, a = 0.0f;
+        for (int c0 = 0; c0 < n_chunks; c0 += ATTN_MERGE_BATCH) {
+            if (c0 > 0) {
+#pragma unroll
+                for (int j = 0; j < ATTN_MERGE_BATCH; ++j)
+                    vals[j] = c0 + j < n_chunks ? __ldcg(ph + (c0 + j) * (head_dim + 2) + 2 + threadIdx.x) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < ATTN_MERGE_BATCH; ++j) {
+                if (c0 + j < n_chunks) {
+                    const float w = expf(merge_m[c0 + j] - mx);
+                    lsum = fmaf(merge_l[c0 + j], w, lsum);
+                    a = fmaf(vals[j], w, a);
+                }
+            }
+        }
+        out[h * head_dim + threadIdx.x] = a / lsum;
+    }
+    if (threadIdx.x == 0) done[h] = 0;  // ready for the next use (a later launch, or the next layer)
+    TT_MARK(mark + 12);
+}
+
 // grid (n_heads, any number of blocks); block ATTN_SPLIT_THREADS. partial holds n_heads * max_chunks records of
 // head_dim + 2 floats; done holds n_heads zeroed counters (left zeroed). qkv is the new token's raw q|k|v.
 extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3)
@@ -76,27 +304,17 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
     const int mark = (blockIdx.x * gridDim.y + blockIdx.y) * ATTN_TRACE_PROBES;  // this block's TT_MARK slots
     TT_MARK(mark);
     const int h = blockIdx.x;
-    const int group_size = n_heads / n_kv_heads, kvh = h / group_size;
     const bool active = threadIdx.x < head_dim;
     // Norm weights are never written by a kernel: read them before waiting for the qkv GEMV.
     const float q_norm_d = active && q_norm ? bf16_to_float(q_norm[threadIdx.x]) : 0.0f;
     const float k_norm_d = active && k_norm ? bf16_to_float(k_norm[threadIdx.x]) : 0.0f;
     pdl_enter();
     TT_MARK(mark + 1);
-    __shared__ __align__(16) float q[256];
-    __shared__ __align__(16) float knew[256];
-    __shared__ __align__(16) float vnew[256];
-    __shared__ float rope_scratch[2 * 256];  // q and k of the head
-    __shared__ float p[ATTN_CHUNK];                         // the chunk's scores
-    __shared__ float weights[ATTN_SPLIT_WARPS][ATTN_CHUNK];  // each warp's copy of the softmax weights
-    __shared__ float red[ATTN_SPLIT_THREADS];
-    __shared__ float scratch[64];
-    __shared__ int merge;
+    __shared__ AttnShared sh;
     __shared__ float merge_ml[2][ATTN_MERGE_MAX_CHUNKS];  // the merging block's per-chunk m and l
+    const AttnDims& d{n_heads, n_kv_heads, head_dim, max_chunks, scale, eps};
     const int pos = host_or_device(pos_ptr, pos_host), length = pos + 1;
     const int n_chunks = (length + ATTN_CHUNK - 1) / ATTN_CHUNK;
-    const int q_width = n_heads * head_dim, kv_stride = n_kv_heads * head_dim, hd4 = head_dim / 4;
-    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
     const int last_chunk = pos / ATTN_CHUNK;
     const bool scores_pos = last_chunk % gridDim.y == blockIdx.y;  // uniform: this block scores row pos
     // Three blocks fit an SM (the launch bounds hold registers to 80), so a head's 24 blocks (the host's grid) stay
@@ -105,182 +323,10 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
     // start loading their weights (programmatic launch); the merge counts only the blocks that have chunks.
     const int working = min((int)gridDim.y, n_chunks);
     if (blockIdx.y >= working) return;
-
-    // The new token's q (and, for the block that scores row pos, its k and v) and the rotation's cosine and sine
-    // in one round of loads.
-    const float q_raw = active ? qkv[h * head_dim + threadIdx.x] : 0.0f;
-    const float2 cs = rope_cos_sin(rope, pos, head_dim);
-    float k_raw = 0.0f, v_raw = 0.0f;
-    if (scores_pos && active) {
-        k_raw = qkv[q_width + kvh * head_dim + threadIdx.x];
-        v_raw = qkv[q_width + kv_stride + kvh * head_dim + threadIdx.x];
-    }
-    // The first chunk's K and V rows are requested into L2 meanwhile, so their HBM round trip overlaps the rotary
-    // work (a prefetch holds no registers; the loads below then hit L2).
     const int first_row = (int)blockIdx.y * ATTN_CHUNK;
-    attn_prefetch_rows_l2(k_cache, v_cache, first_row, min(ATTN_CHUNK, length - first_row), kv_stride, kvh, head_dim);
-
-    if (!scores_pos) {
-        const float qd =
-            head_norm_rope_values(q_raw, q_norm != nullptr, q_norm_d, cs, head_dim, eps, rope_scratch, scratch);
-        if (active) q[threadIdx.x] = qd;
-    } else {  // q and k together: one reduction and one rotation phase instead of two of each
-        const float2 qk = head_norm_rope_pair(q_raw, k_raw, q_norm != nullptr, k_norm != nullptr, q_norm_d, k_norm_d,
-                                              cs, head_dim, eps, rope_scratch, scratch);
-        const float kd = qk.y;
-        if (active) {
-            q[threadIdx.x] = qk.x;
-            knew[threadIdx.x] = kd;
-            vnew[threadIdx.x] = v_raw;
-            if (h % group_size == 0) {  // one writer per kv head
-                const size_t c = (size_t)pos * kv_stride + kvh * head_dim + threadIdx.x;
-                k_cache[c] = kd;
-                v_cache[c] = v_raw;
-            }
-        }
-    }
-    TT_MARK(mark + 2);
-    __syncthreads();
-    TT_MARK(mark + 3);
-    const float4* q4 = reinterpret_cast<const float4*>(q);
-    const float4* knew4 = reinterpret_cast<const float4*>(knew);
-    const int groups = blockDim.x / head_dim;  // head_dim divides 256 for 16, 32, 64, 128, 256
-    const int g = threadIdx.x / head_dim, d = threadIdx.x % head_dim;
-    const int col_rows = ATTN_V_COL * groups;  // chunk rows whose V one round of loads covers
-
-    for (int c = blockIdx.y; c < n_chunks; c += gridDim.y) {  // uniform across the block
-        const int j0 = c * ATTN_CHUNK, rows = min(ATTN_CHUNK, length - j0);
-        // The V this thread sums is loaded into registers together with the K rows, so both round trips overlap.
-        float vcol[ATTN_V_COL];
-        attn_load_v_col(vcol, v_cache, vnew, pos, j0, 0, rows, g, d, groups, kv_stride, kvh, head_dim);
-        // Scores: warp w owns rows w, w + 8, w + 16, w + 24; every row's loads are issued before the first use.
-        // Rows past the chunk load the chunk's first row and score -inf; row pos takes the k computed above.
-        float s[ATTN_ROWS_PER_WARP];
-#pragma unroll
-        for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u) s[u] = 0.0f;
-        const float4* kbase = reinterpret_cast<const float4*>(k_cache + (size_t)j0 * kv_stride + kvh * head_dim);
-        for (int i = lane; i < hd4; i += TT_WARP) {
-            float4 k[ATTN_ROWS_PER_WARP];
-#pragma unroll
-            for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u) {
-                const int r = warp + u * ATTN_SPLIT_WARPS;
-                k[u] = kbase[(size_t)(r < rows ? r : 0) * (kv_stride / 4) + i];
-            }
-#pragma unroll
-            for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u)
-                if (j0 + warp + u * ATTN_SPLIT_WARPS == pos) k[u] = knew4[i];
-            const float4 qq = q4[i];
-#pragma unroll
-            for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u) {
-                s[u] = fmaf(qq.x, k[u].x, s[u]);
-                s[u] = fmaf(qq.y, k[u].y, s[u]);
-                s[u] = fmaf(qq.z, k[u].z, s[u]);
-                s[u] = fmaf(qq.w, k[u].w, s[u]);
-            }
-        }
-        TT_MARK(mark + 4);
-        // warp_sum of every row, the rows' butterflies interleaved (each row's additions are warp_sum's, in its order)
-#pragma unroll
-        for (int o = TT_WARP / 2; o > 0; o >>= 1)
-#pragma unroll
-            for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
-        TT_MARK(mark + 5);
-#pragma unroll
-        for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u) {
-            const int r = warp + u * ATTN_SPLIT_WARPS;
-            if (lane == 0) p[r] = r < rows ? s[u] * scale : -INFINITY;
-        }
-        __syncthreads();
-        TT_MARK(mark + 6);
-        // Softmax weights: every warp works out the chunk's max and sum itself (one score a lane: warp_max and
-        // warp_sum, the same in every warp), with no block barrier. Each warp keeps its own copy of the weights for
-        // its V sums.
-        const float s0 = p[lane];
-        const float m = warp_max(s0);
-        const float e0 = lane < rows ? expf(s0 - m) : 0.0f;
-        const float l = warp_sum(e0);
-        float* pw = weights[warp];
-        pw[lane] = e0;
-        __syncwarp();
-        TT_MARK(mark + 7);
-
-        // Output: thread (g, d) sums rows g, g + groups, ... of column d in ascending order, straight from the
-        // registers loaded above (one more round per ATTN_V_COL rows at head_dim 256); the groups are then added
-        // in ascending order.
-        float acc = 0.0f;
-        for (int t0 = 0; t0 < rows; t0 += col_rows) {
-            if (t0 > 0) attn_load_v_col(vcol, v_cache, vnew, pos, j0, t0, rows, g, d, groups, kv_stride, kvh, head_dim);
-#pragma unroll
-            for (int k = 0; k < ATTN_V_COL; ++k) {
-                const int r = t0 + g + k * groups;
-                if (r < rows) acc = fmaf(pw[r], vcol[k], acc);
-            }
-        }
-        red[g * head_dim + d] = acc;
-        __syncthreads();
-        TT_MARK(mark + 8);
-        float* rec = partial + ((size_t)h * max_chunks + c) * (head_dim + 2);
-        if (threadIdx.x < head_dim) {
-            float sum = red[threadIdx.x];
-            for (int i = 1; i < groups; ++i) sum += red[i * head_dim + threadIdx.x];  // ascending group order
-            rec[2 + threadIdx.x] = sum;
-        }
-        if (threadIdx.x == 0) {
-            rec[0] = m;
-            rec[1] = l;
-        }
-        __syncthreads();  // p, weights and red are reused by the next chunk; the records are written
-    }
-
-    // The last of the head's blocks to get here merges its chunks. The barrier that ends the chunk loop (a working
-    // block has a chunk) orders its threads' record writes before thread 0's count, whose release (cumulative)
-    // publishes them; the merging block's count is also an acquire, and the barrier after it orders its threads'
-    // reads of the other blocks' records after it. One acq_rel atomic instead of two full fences around a relaxed
-    // one.
-    TT_MARK(mark + 9);
-    if (threadIdx.x == 0) {
-        int before;
-        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(done + h) : "memory");
-        merge = before == working - 1;
-    }
-    __syncthreads();
-    TT_MARK(mark + 10);
-    if (!merge) return;
-    // Every chunk's (m, l) into shared memory and each output element's first ATTN_MERGE_BATCH chunk values into
-    // registers, in one round of loads; later chunks' values in batches. The merge arithmetic runs in ascending
-    // chunk order.
-    const float* ph = partial + (size_t)h * max_chunks * (head_dim + 2);
-    float vals[ATTN_MERGE_BATCH];
-#pragma unroll
-    for (int j = 0; j < ATTN_MERGE_BATCH; ++j)
-        vals[j] = active && j < n_chunks ? __ldcg(ph + j * (head_dim + 2) + 2 + threadIdx.x) : 0.0f;
-    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) {
-        merge_ml[0][c] = __ldcg(ph + c * (head_dim + 2));
-        merge_ml[1][c] = __ldcg(ph + c * (head_dim + 2) + 1);
-    }
-    __syncthreads();
-    TT_MARK(mark + 11);
-    if (active) {
-        float mx = -INFINITY;
-        for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, merge_ml[0][c]);
-        float lsum = 0.0f, a = 0.0f;
-        for (int c0 = 0; c0 < n_chunks; c0 += ATTN_MERGE_BATCH) {
-            if (c0 > 0) {
-#pragma unroll
-                for (int j = 0; j < ATTN_MERGE_BATCH; ++j)
-                    vals[j] = c0 + j < n_chunks ? __ldcg(ph + (c0 + j) * (head_dim + 2) + 2 + threadIdx.x) : 0.0f;
-            }
-#pragma unroll
-            for (int j = 0; j < ATTN_MERGE_BATCH; ++j) {
-                if (c0 + j < n_chunks) {
-                    const float w = expf(merge_ml[0][c0 + j] - mx);
-                    lsum = fmaf(merge_ml[1][c0 + j], w, lsum);
-                    a = fmaf(vals[j], w, a);
-                }
-            }
-        }
-        out[h * head_dim + threadIdx.x] = a / lsum;
-    }
-    if (threadIdx.x == 0) done[h] = 0;  // ready for the next launch (kernels on the stream run in order)
-    TT_MARK(mark + 12);
+    attn_prepare_head<false>(qkv, q_norm != nullptr, k_norm != nullptr, q_norm_d, k_norm_d, k_cache, v_cache, rope, h,
+                             pos, scores_pos, first_row, min(ATTN_CHUNK, length - first_row), d, sh, mark);
+    for (int c = blockIdx.y; c < n_chunks; c += gridDim.y)  // uniform across the block
+        attn_chunk_record(k_cache, v_cache, partial, h, c, pos, d, sh, mark);
+    attn_count_and_merge(partial, out, done, h, n_chunks, working, d, sh, merge_ml[0], merge_ml[1], mark);
 }

@@ -133,6 +133,25 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 // SwiGLU output, so both give the same bits.
 __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
+// A load of an activation: with CG, through L2 only (ld.global.cg). The persistent decode kernel reads values that
+// other blocks of the same launch wrote after its start; L2 is where every SM sees them, while a line this SM's L1
+// kept from an earlier layer could be stale. Kernels that read only what earlier launches wrote pass false.
+template <bool CG>
+__device__ __forceinline__ float load_activation(const float* p) {
+    if constexpr (CG)
+        return __ldcg(p);
+    else
+        return *p;
+}
+
+template <bool CG>
+__device__ __forceinline__ float4 load_activation4(const float4* p) {
+    if constexpr (CG)
+        return __ldcg(p);
+    else
+        return *p;
+}
+
 // A value that the host either passes directly or leaves in device memory (for captured graphs, where
 // the token and position change between replays). One kernel body serves both forms.
 __device__ __forceinline__ int host_or_device(const int* ptr, int host_value) { return ptr ? *ptr : host_value; }

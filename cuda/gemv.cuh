@@ -34,8 +34,8 @@
 // before, in whatever order the chunks are visited.
 // HALVES: float4 e goes to xs4[(e % 2) * K / 8 + e / 2], so the first and second halves of the 8 inputs of weight
 // chunk c sit at xs4[c] and xs4[K / 8 + c]: a warp reading consecutive chunks then reads consecutive float4s
-// (gemv_stream.cuh).
-template <bool HALVES = false>
+// (gemv_stream.cuh). CG: the row is read through L2 only (load_activation; the persistent decode kernel).
+template <bool HALVES = false, bool CG = false>
 __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const float* __restrict__ xt,
                                                  const bf16_t* __restrict__ norm_w, int x_mode, float eps, int K,
                                                  float* scratch) {
@@ -52,7 +52,7 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
         for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
             const int e = threadIdx.x + i * stride;
             if (e < k4) {
-                v[i] = x4[e];
+                v[i] = load_activation4<CG>(x4 + e);
                 w[i] = w4[e];
             }
         }
@@ -78,7 +78,7 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
             }
         }
     } else if (x_mode == GEMV_IN_RMSNORM) {
-        const float inv = rms_inverse(rms_sum_of_squares(x4, k4, scratch), K, eps);
+        const float inv = rms_inverse(rms_sum_of_squares<CG>(x4, k4, scratch), K, eps);
         const uint2* w4 = reinterpret_cast<const uint2*>(norm_w);  // 4 bf16 weights per float4 chunk
         for (int base = threadIdx.x; base < k4; base += GEMV_STAGE_BATCH * stride) {
             float4 v[GEMV_STAGE_BATCH];
@@ -87,7 +87,7 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
             for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
                 const int e = base + i * stride;
                 if (e < k4) {
-                    v[i] = x4[e];
+                    v[i] = load_activation4<CG>(x4 + e);
                     w[i] = w4[e];
                 }
             }
@@ -110,7 +110,7 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
 #pragma unroll
             for (int i = 0; i < 2 * GEMV_STAGE_BATCH; ++i) {
                 const int e = base + i * stride;
-                if (e < k4) v[i] = x4[e];
+                if (e < k4) v[i] = load_activation4<CG>(x4 + e);
             }
 #pragma unroll
             for (int i = 0; i < 2 * GEMV_STAGE_BATCH; ++i) {

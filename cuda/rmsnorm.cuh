@@ -5,12 +5,14 @@
 #pragma once
 #include "common.cuh"
 
-// Per-thread partial sum of squares of n4 float4 chunks, then the block total (every thread receives it).
+// Per-thread partial sum of squares of n4 float4 chunks, then the block total (every thread receives it). CG: load
+// through L2 only (load_activation).
+template <bool CG = false>
 __device__ __forceinline__ float rms_sum_of_squares(const float4* __restrict__ x4, int n4, float* scratch) {
     float ss = 0.0f;
 #pragma unroll 4
     for (int e = threadIdx.x; e < n4; e += blockDim.x) {
-        const float4 v = x4[e];
+        const float4 v = load_activation4<CG>(x4 + e);
         ss = fmaf(v.x, v.x, ss);
         ss = fmaf(v.y, v.y, ss);
         ss = fmaf(v.z, v.z, ss);

@@ -8,6 +8,7 @@
 #include "rope.cuh"
 #include "attention.cuh"
 #include "attention_decode.cuh"
+#include "decode_persistent.cuh"
 #include "elementwise.cuh"
 #include "argmax.cuh"
 #include "trie_step.cuh"

@@ -9,6 +9,7 @@
 #   metrics.jsonl        measured errors per kernel and model, gate results, CPU parity, one JSON object a line
 #   bench_gpu_decode.json, bench_gpu_forward.json, bench.log   constrained and unconstrained decode timings
 #   trace_attention.json  timestamps inside one layer's attention and o GEMV (a -DTT_TRACE build of the kernels)
+#   trace_persistent.json the persistent decode kernel's phases and barriers, per block (the same trace build)
 #   e2e.log              `tooltrie up --once --engine cuda` on a tiny synthetic Qwen3: registry, decoder, decodes
 #   bench_gpu_side_by_side.json, side_by_side.log   real tokenizer and catalogs, beside transformers and the floor
 # STAGES (default "engine kernels bench side e2e") picks what runs: engine = tests/.../test_engine_gpu.py,
@@ -42,7 +43,8 @@ cat "$OUT/env.txt"
 
 tests=()
 case " $STAGES " in *" engine "*) tests+=(tests/decoder_service/engines/cuda/test_engine_gpu.py) ;; esac
-case " $STAGES " in *" kernels "*) for t in test_build test_emulated_forward test_kernels_gpu test_model_gpu; do
+case " $STAGES " in *" kernels "*) for t in test_build test_emulated_forward test_kernels_gpu test_model_gpu \
+    test_persistent test_persistent_gpu; do
   tests+=("tests/decoder_service/engines/cuda/$t.py"); done ;; esac
 tests_rc=0
 if [ ${#tests[@]} -gt 0 ]; then
@@ -57,7 +59,9 @@ case " $STAGES " in *" bench "*)
   bench_rc=${PIPESTATUS[0]}
   "$PY" bench/gpu_forward.py --out "$OUT/bench_gpu_forward.json" 2>&1 | tee -a "$OUT/bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || bench_rc=1
-  "$PY" bench/gpu_trace_attention.py --max-context 1024 --out "$OUT/trace_attention.json" >> "$OUT/bench.log" 2>&1 || bench_rc=1 ;;
+  "$PY" bench/gpu_trace_attention.py --max-context 1024 --out "$OUT/trace_attention.json" >> "$OUT/bench.log" 2>&1 || bench_rc=1
+  "$PY" bench/gpu_trace_persistent.py --out "$OUT/trace_persistent.json" 2>&1 | tee -a "$OUT/bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || bench_rc=1 ;;
 esac
 case " $STAGES " in *" side "*)
   "$PY" bench/gpu_side_by_side.py --out "$OUT/bench_gpu_side_by_side.json" 2>&1 | tee "$OUT/side_by_side.log"

@@ -63,7 +63,9 @@ class _Cancelled(Exception):
 
 class CudaEngine(Engine):
     """Serial (batch 1) decoding on one GPU. ``head``: 'sparse' (legal rows only; nodes wider than 256 legal
-    tokens fall back to the dense head) or 'dense'. ``loop``: 'graph' (device-resident) or 'host'."""
+    tokens fall back to the dense head) or 'dense'. ``loop``: 'graph' (device-resident) or 'host'.
+    ``decode_kernel``: the forward step's form, as ``CudaModel`` takes it ('layers' or 'persistent'; default
+    $TOOLTRIE_DECODE_KERNEL, else 'layers')."""
 
     name = "cuda"
 
@@ -79,6 +81,7 @@ class CudaEngine(Engine):
         max_prefill: int = 512,
         trie_placement: Placement = "auto",
         prefix_cache_entries: int = 4,
+        decode_kernel: str | None = None,
     ) -> None:
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; accepted: {', '.join(HEADS)}")
@@ -86,7 +89,9 @@ class CudaEngine(Engine):
             raise ValueError(f"unknown loop {loop!r}; accepted: {', '.join(LOOPS)}")
         self.head, self.loop, self.trie_placement = head, loop, trie_placement
         self.module = module or load_module()  # one module per engine: its constant bank is this engine's
-        self.model = CudaModel(config, weights, self.module, max_context=max_context, max_prefill=max_prefill)
+        self.model = CudaModel(
+            config, weights, self.module, max_context=max_context, max_prefill=max_prefill, decode_kernel=decode_kernel
+        )
         self.stream = self.model.stream
         self.state = StepState(config.vocab_size, K_MAX * (MAX_NAME_TOKENS + 1), self.stream)
         self._drivers: dict[tuple[str, bool], HostLoop | DecodeGraph] = {}

@@ -17,6 +17,7 @@ import numpy as np
 from decoder_service.engines.cuda.driver import Stream, multiprocessor_count, shared_memory_per_multiprocessor
 from decoder_service.engines.cuda.memory import DeviceBuffer
 from decoder_service.engines.cuda.module import Launch, Module
+from decoder_service.engines.cuda.persistent import PersistentDecode, decode_kernel_choice
 from decoder_service.engines.cuda.weights import ModelWeights, upload_weights
 from decoder_service.models.config import ModelConfig
 
@@ -141,7 +142,12 @@ def check_config(config: ModelConfig) -> None:
 
 
 class CudaModel:
-    """One sequence's forward pass on the GPU (batch 1)."""
+    """One sequence's forward pass on the GPU (batch 1).
+
+    ``decode_kernel``: how a decode step runs: 'layers' (a launch list of kernels per layer, the default) or
+    'persistent' (every layer in one kernel, cuda/decode_persistent.cuh); None reads $TOOLTRIE_DECODE_KERNEL, else
+    'layers'. Both forms give the same bits; prefill always runs the layered kernels.
+    """
 
     def __init__(
         self,
@@ -151,6 +157,7 @@ class CudaModel:
         max_context: int = 4096,
         max_prefill: int = 512,
         stream: Stream | None = None,
+        decode_kernel: str | None = None,
     ) -> None:
         check_config(config)
         self.config = config
@@ -225,6 +232,29 @@ class CudaModel:
         skinny_shared = SKINNY_TOKENS * max(c.hidden_size, self.q_width, c.intermediate_size) * F32
         if DEFAULT_SHARED_LIMIT < skinny_shared <= MAX_SHARED_PER_BLOCK:
             module.kernel("gemm_skinny_bf16").set_max_dynamic_shared(skinny_shared)
+        # The decode step: one launch list of kernels per layer, or every layer in one persistent kernel; both give
+        # the same bits.
+        self.decode_kernel = decode_kernel_choice(config, self.max_chunks, decode_kernel)
+        self.persistent: PersistentDecode | None = None
+        if self.decode_kernel == "persistent":
+            self.persistent = PersistentDecode(
+                config,
+                self.weights,
+                {
+                    "x": self.x.ptr,
+                    "qkv": self.qkv.ptr,
+                    "attn": self.attn.ptr,
+                    "act": self.act.ptr,
+                    "partial": self.attn_partial.ptr,
+                    "rope": self.rope.ptr,
+                    "done": self.attn_done.ptr,
+                },
+                [buf.ptr for buf in self.k_cache],
+                [buf.ptr for buf in self.v_cache],
+                self.max_chunks,
+                module,
+                self.stream,
+            )
         self.length = 0  # positions held in the KV cache
         self._decode, self._decode_pos_args = self._build(1, tokens_ptr=self.token.ptr, pos=0)
         self._prefill_lists: OrderedDict[tuple[int, int], list[Launch]] = OrderedDict()
@@ -258,6 +288,12 @@ class CudaModel:
                 ],
             )
         )
+        if n == 1 and self.persistent is not None:  # every layer in one launch (cuda/decode_persistent.cuh)
+            step = self.persistent.launch(pos_ptr, pos)
+            launches.append(step)
+            pos_args.append((step, 2))
+            launches += self._head(n) if head else self._head(n)[:1]
+            return launches, pos_args
         for i, lw in enumerate(w.layers):
             # Decode (n == 1) fuses each RMSNorm into the GEMV that consumes it and the SwiGLU into the gate|up
             # GEMV that produces it; prefill runs them as separate kernels around the tiled GEMM.
@@ -609,6 +645,8 @@ class CudaModel:
             launch.set(index, position)
 
     def free(self) -> None:
+        if self.persistent is not None:
+            self.persistent.free()
         buffers = [
             self.x,
             self.xn,

@@ -52,6 +52,7 @@ class Launch:
         args: list[tuple[str, int | float]],
         shared_bytes: int = 0,
         label: str = "",
+        cooperative: bool = False,
     ) -> None:
         if any(g <= 0 for g in grid) or any(b <= 0 for b in block):
             raise ValueError(f"{kernel.name}: grid {grid} and block {block} must be positive")
@@ -60,6 +61,9 @@ class Launch:
         self.grid = grid
         self.block = block
         self.shared_bytes = shared_bytes
+        # A cooperative launch starts only with every block resident at once, which grid-wide barriers need (a
+        # barrier among blocks of which some wait for an SM would never open).
+        self.cooperative = cooperative and cooperative_default()
         try:
             self._values = [_CTYPES[kind](value) for kind, value in args]
         except KeyError as exc:
@@ -82,7 +86,7 @@ class Launch:
         self.grid, self._config = grid, None
 
     def __call__(self, stream: Stream) -> None:
-        if self.kernel.pdl:
+        if self.kernel.pdl or self.cooperative:
             err = driver.cu.cuLaunchKernelEx(self._launch_config(stream), self.kernel.handle, self._params, 0)
             driver.check(err, f"cuLaunchKernelEx({self.kernel.name})")
             return
@@ -92,19 +96,28 @@ class Launch:
         driver.check(err, f"cuLaunchKernel({self.kernel.name})")
 
     def _launch_config(self, stream: Stream) -> Any:
-        """The launch shape plus the programmatic-stream-serialization attribute, kept while the stream is."""
+        """The launch shape plus the programmatic-stream-serialization and cooperative attributes it has, kept while
+        the stream is."""
         if self._config is None or self._config_stream is not stream.handle:
             cu = driver.cu
-            attr = cu.CUlaunchAttribute()
-            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            attr.value.programmaticStreamSerializationAllowed = 1
+            attrs = []
+            if self.kernel.pdl:
+                attr = cu.CUlaunchAttribute()
+                attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+                attr.value.programmaticStreamSerializationAllowed = 1
+                attrs.append(attr)
+            if self.cooperative:
+                attr = cu.CUlaunchAttribute()
+                attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+                attr.value.cooperative = 1
+                attrs.append(attr)
             config = cu.CUlaunchConfig()
             config.gridDimX, config.gridDimY, config.gridDimZ = self.grid
             config.blockDimX, config.blockDimY, config.blockDimZ = self.block
             config.sharedMemBytes = self.shared_bytes
             config.hStream = stream.handle
-            config.attrs = [attr]
-            config.numAttrs = 1
+            config.attrs = attrs
+            config.numAttrs = len(attrs)
             self._config, self._config_stream = config, stream.handle
         return self._config
 
@@ -115,6 +128,12 @@ def pdl_default() -> bool:
     if os.environ.get("TOOLTRIE_CUDA_PDL", "1") == "0":
         return False
     return driver.compute_capability()[0] >= 9
+
+
+def cooperative_default() -> bool:
+    """Cooperative launches for kernels that ask for them, unless ``TOOLTRIE_CUDA_COOPERATIVE=0`` turns them off (to
+    measure them; such a kernel then relies on nothing else running on the GPU while it does)."""
+    return os.environ.get("TOOLTRIE_CUDA_COOPERATIVE", "1") != "0"
 
 
 class Module:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import struct
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from decoder_service.engines.cuda.forward import ATTN_CHUNK
+from decoder_service.engines.cuda.persistent import LAYER_FIELDS, LAYER_FORMAT, PLAN_FIELDS, PLAN_FORMAT
 from tests.decoder_service.engines.cuda import reference as ref
 
 CUDA_DIR = Path(__file__).resolve().parents[4] / "cuda"
@@ -73,6 +75,8 @@ class FakeDriver:
         self.sigs = kernel_signatures()
         self.launches: list[str] = []
         self.programmatic_launches = 0
+        self.cooperative_launches = 0
+        self.sm_count = 132  # an H200's SMs (cuDeviceGetAttribute below)
         self.live: set[int] = set()  # device allocations not yet freed
         self.live_host: set[int] = set()  # mapped host allocations not yet freed
 
@@ -170,7 +174,7 @@ class FakeDriver:
         return 0, b"Emulated H200\0"
 
     def cuDeviceGetAttribute(self, attr: int, dev: int) -> tuple:
-        return 0, {75: 9, 16: 132, 81: 228 * 1024}.get(attr, 0)  # compute capability 9.x, an H200's SMs
+        return 0, {75: 9, 16: self.sm_count, 81: 228 * 1024}.get(attr, 0)  # compute capability 9.x, an H200's SMs
 
     def cuDevicePrimaryCtxRetain(self, dev: int) -> tuple:
         return 0, "ctx"
@@ -231,20 +235,31 @@ class FakeDriver:
 
     # Programmatic dependent launches: the emulator runs kernels one after another, which is what the kernels'
     # own waits make of them on the GPU, so the attribute is checked and otherwise ignored.
-    CUlaunchAttributeID = SimpleNamespace(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION=6)
+    # Cooperative launches (every block resident at once) are likewise checked: only the persistent decode kernel,
+    # whose grid barriers need them, asks for them.
+    CUlaunchAttributeID = SimpleNamespace(
+        CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION=6, CU_LAUNCH_ATTRIBUTE_COOPERATIVE=2
+    )
 
     class CUlaunchAttribute:
         def __init__(self) -> None:
             self.id = None
-            self.value = SimpleNamespace(programmaticStreamSerializationAllowed=0)
+            self.value = SimpleNamespace(programmaticStreamSerializationAllowed=0, cooperative=0)
 
     class CUlaunchConfig:
         pass
 
     def cuLaunchKernelEx(self, config: Any, f: str, params: int, extra: int) -> tuple:
-        assert [(a.id, a.value.programmaticStreamSerializationAllowed) for a in config.attrs] == [(6, 1)]
-        assert config.numAttrs == 1
-        self.programmatic_launches += 1
+        attrs = {a.id: a.value for a in config.attrs}
+        assert config.numAttrs == len(config.attrs) == len(attrs) >= 1
+        assert set(attrs) <= {2, 6}, f"unexpected launch attributes {sorted(attrs)}"
+        if 6 in attrs:
+            assert attrs[6].programmaticStreamSerializationAllowed == 1
+            self.programmatic_launches += 1
+        if 2 in attrs:
+            assert attrs[2].cooperative == 1
+            assert f == "decode_persistent", f"{f} has no grid barrier and asks for no cooperative launch"
+            self.cooperative_launches += 1
         grid, block = (
             (config.gridDimX, config.gridDimY, config.gridDimZ),
             (config.blockDimX, config.blockDimY, config.blockDimZ),
@@ -449,22 +464,65 @@ class FakeDriver:
         self.view(a.out, np.float32, t * h * hd)[:] = ref.attention(q.astype(np.float64), kc, vc, pos0).ravel()
 
     def k_attention_decode(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
-        """The new token's q/k norm and rotary embedding, its cache row, and its attention over the cache."""
+        assert grid[0] == a.n_heads and block[0] == 256
+        assert abs(a.scale - a.head_dim**-0.5) < 1e-6
+        self._decode_attention(a, self._pos(a), a.k_cache, a.v_cache, a.q_norm, a.k_norm, a.out)
+
+    def _decode_attention(
+        self, a: SimpleNamespace, pos: int, k_cache: int, v_cache: int, q_norm: int, k_norm: int, out: int
+    ) -> None:
+        """The new token's q/k norm and rotary embedding, its cache row, and its attention over the cache; ``a``
+        names the buffers and shapes (attention_decode's arguments, or the persistent kernel's plan)."""
         h, hd, kv = a.n_heads, a.head_dim, a.n_kv_heads
-        assert grid[0] == h and block[0] == 256 and 256 % hd == 0
-        assert abs(a.scale - hd**-0.5) < 1e-6
-        pos = self._pos(a)
+        assert 256 % hd == 0, "the attention block's 256 threads take whole heads"
         assert -(-(pos + 1) // ATTN_CHUNK) <= a.max_chunks, "more chunks than the partial buffer holds"
         assert not self.view(a.done, np.int32, h).any(), "merge counters must start at zero"
         self.view(a.partial, np.float32, h * a.max_chunks * (hd + 2))  # the split records fit the buffer
         qkv = self.view(a.qkv, np.float32, (h + 2 * kv) * hd).reshape(1, -1)
-        qn = self._bf16(a.q_norm, hd) if a.q_norm else None
-        kn = self._bf16(a.k_norm, hd) if a.k_norm else None
+        qn = self._bf16(q_norm, hd) if q_norm else None
+        kn = self._bf16(k_norm, hd) if k_norm else None
         q, k, v = ref.qk_norm_rope(qkv, qn, kn, pos, h, kv, hd, self._rope_rows(a, pos + 1), a.eps)
-        kc = self.view(a.k_cache, np.float32, (pos + 1) * kv * hd).reshape(pos + 1, kv, hd)
-        vc = self.view(a.v_cache, np.float32, (pos + 1) * kv * hd).reshape(pos + 1, kv, hd)
+        kc = self.view(k_cache, np.float32, (pos + 1) * kv * hd).reshape(pos + 1, kv, hd)
+        vc = self.view(v_cache, np.float32, (pos + 1) * kv * hd).reshape(pos + 1, kv, hd)
         kc[pos], vc[pos] = k[0], v[0]
-        self.view(a.out, np.float32, h * hd)[:] = ref.attention(q, kc, vc, pos).ravel()
+        self.view(out, np.float32, h * hd)[:] = ref.attention(q, kc, vc, pos).ravel()
+
+    def k_decode_persistent(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        """Every layer of a decode step, phase by phase as the layered launches compute them (the same numpy
+        references, each phase's output stored as fp32), from the plan the host packed."""
+        size = struct.calcsize(PLAN_FORMAT)
+        values = struct.unpack(PLAN_FORMAT, self.view(a.plan, np.uint8, size).tobytes())
+        p = SimpleNamespace(**dict(zip((name for name, _ in PLAN_FIELDS), values, strict=True)))
+        assert grid == (self.sm_count, 1, 1) and block == (256, 1, 1), "one block of eight warps per SM"
+        assert 2 <= p.stages <= 6, f"{p.stages} ring stages; the kernel has barriers for 1 to 6"
+        staging = max(p.hidden, p.q_width, p.intermediate, 2 * p.max_chunks)
+        assert shared >= p.stages * 32768 + 4 * staging, "the rings and the staging area need more shared memory"
+        assert self.view(p.sync, np.uint32, 1)[0] == 0, "the grid barrier's counter must start at zero"
+        assert abs(p.scale - p.head_dim**-0.5) < 1e-6
+        pos, d = self._pos(a), p.hidden
+        layer_size = struct.calcsize(LAYER_FORMAT)
+        for i in range(p.n_layers):
+            raw = self.view(p.layers + i * layer_size, np.uint8, layer_size).tobytes()
+            names = (name for name, _ in LAYER_FIELDS)
+            lw = SimpleNamespace(**dict(zip(names, struct.unpack(LAYER_FORMAT, raw), strict=True)))
+            qkv_rows = p.q_width + 2 * p.kv_width
+            x = self.view(p.x, np.float32, d).reshape(1, d).astype(np.float64)
+            xn = ref.rmsnorm(x, self._bf16(lw.input_norm, d), p.eps)
+            self._gemv_rows(lw.qkv, qkv_rows, d, xn, lw.qkv_bias, 0, p.qkv)
+            self._decode_attention(p, pos, lw.k_cache, lw.v_cache, lw.q_norm, lw.k_norm, p.attn)
+            attn = self.view(p.attn, np.float32, p.q_width).reshape(1, -1)
+            self._gemv_rows(lw.o, d, p.q_width, attn, 0, p.x, p.x)
+            x = self.view(p.x, np.float32, d).reshape(1, d).astype(np.float64)
+            xn = ref.rmsnorm(x, self._bf16(lw.post_norm, d), p.eps)
+            w = self._bf16(lw.gate_up, 2 * p.intermediate * d).reshape(2 * p.intermediate, d)
+            self.view(p.act, np.float32, p.intermediate)[:] = ref.swiglu(ref.linear(xn, w, None, None)).ravel()
+            act = self.view(p.act, np.float32, p.intermediate).reshape(1, -1)
+            self._gemv_rows(lw.down, d, p.intermediate, act, 0, p.x, p.x)
+
+    def _gemv_rows(self, W: int, N: int, K: int, x: np.ndarray, bias: int, residual: int, y: int) -> None:
+        """y = x @ W.T (+ bias) (+ residual) for one token, stored as fp32 (residual may alias y)."""
+        a = SimpleNamespace(W=W, N=N, K=K, bias=bias, residual=residual)
+        self._linear(a, 1, x, y)
 
     def k_swiglu(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         gu = self.view(a.gate_up, np.float32, a.n_tokens * 2 * a.inter).reshape(a.n_tokens, 2 * a.inter)

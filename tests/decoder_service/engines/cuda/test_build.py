@@ -12,6 +12,7 @@ import pytest
 from decoder_service.engines.cuda import cuda_available
 from decoder_service.engines.cuda.forward import ATTN_STATIC_SHARED, GSTREAM_STATIC_SHARED, check_config
 from decoder_service.engines.cuda.memory import bf16_bits_to_float, to_bf16_bits
+from decoder_service.engines.cuda.persistent import PDEC_STATIC_SHARED
 from decoder_service.models.config import ModelConfig
 from tooltrie.cuda_build import (
     CUDA_DIR,
@@ -43,6 +44,7 @@ def test_cubin_builds_with_every_kernel(tmp_path: Path) -> None:
         "qk_norm_rope_cache",
         "attention",
         "attention_decode",
+        "decode_persistent",
         "swiglu",
         "residual_add",
         "argmax",
@@ -126,9 +128,10 @@ def ptxas_static_shared(tmp_path: Path) -> dict[str, int]:
 
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed")
 def test_host_shared_memory_constants_cover_the_kernels(tmp_path: Path) -> None:
-    """The host sizes launches from these constants: the streaming GEMV's ring depth assumes its static shared
-    memory, and the prefill attention's limit on max_context assumes attention's."""
+    """The host sizes launches from these constants: the streaming GEMV's and the persistent decode kernel's ring
+    depths assume their static shared memory, and the prefill attention's limit on max_context assumes attention's."""
     shared = ptxas_static_shared(tmp_path)
+    assert shared["decode_persistent"] <= PDEC_STATIC_SHARED
     assert shared["gemv_stream_bf16"] <= GSTREAM_STATIC_SHARED
     assert shared["gemv_stream_swiglu_bf16"] <= GSTREAM_STATIC_SHARED
     assert shared["attention"] <= ATTN_STATIC_SHARED

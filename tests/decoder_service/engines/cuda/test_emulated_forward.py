@@ -28,23 +28,27 @@ def fake_driver(monkeypatch: pytest.MonkeyPatch) -> FakeDriver:
 STREAM_DEPTH_ARG = {"gemv_stream_bf16": 10, "gemv_stream_swiglu_bf16": 9}
 
 
-def tiny_qwen3_model() -> CudaModel:
-    """The tiny Qwen3 on the emulated H200, built under the current TOOLTRIE_* settings."""
+def tiny_qwen3_model(decode_kernel: str = "layers") -> CudaModel:
+    """The tiny Qwen3 on the emulated H200, built under the current TOOLTRIE_* settings (with the layered decode step
+    unless told otherwise: most tests here look at its launches)."""
     from decoder_service.engines.cuda.forward import CudaModel
     from decoder_service.engines.cuda.module import Module
 
     _, weights = build_reference(SHAPES["tiny-qwen3"], seed=7)
-    return CudaModel(SHAPES["tiny-qwen3"], weights, Module(b"cubin"), max_context=64, max_prefill=8)
+    return CudaModel(
+        SHAPES["tiny-qwen3"], weights, Module(b"cubin"), max_context=64, max_prefill=8, decode_kernel=decode_kernel
+    )
 
 
+@pytest.mark.parametrize("decode_kernel", ["layers", "persistent"])
 @pytest.mark.parametrize("shape", ["tiny-qwen3", "tiny-qwen2-hd128-untied", "tiny-llama-untied"])
-def test_emulated_model_matches_transformers(fake_driver: FakeDriver, shape: str) -> None:
+def test_emulated_model_matches_transformers(fake_driver: FakeDriver, shape: str, decode_kernel: str) -> None:
     from decoder_service.engines.cuda.forward import CudaModel
     from decoder_service.engines.cuda.module import Module
 
     cfg = SHAPES[shape]
     hf_model, weights = build_reference(cfg, seed=7)
-    model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8)
+    model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8, decode_kernel=decode_kernel)
     prompt = [(3 * i * i + 11 * i + 5) % cfg.vocab_size for i in range(13)]
     report = compare_greedy(model, hf_model, prompt, new_tokens=4)
     assert report["rel_err"] <= 1e-4, report
@@ -52,11 +56,20 @@ def test_emulated_model_matches_transformers(fake_driver: FakeDriver, shape: str
     # 13 prompt tokens in chunks of 8 take two prefills; both are short enough for the skinny kernel.
     assert fake_driver.launches.count("gemm_skinny_bf16") == 2 * 4 * cfg.num_layers
     assert fake_driver.launches.count("gemm_bf16") == 0
-    # Rows this short take one warp each, so every decode GEMV streams its weights through shared memory.
-    assert fake_driver.launches.count("gemv_stream_bf16") == 3 * (3 * cfg.num_layers + 1) + 2  # steps + heads
-    assert fake_driver.launches.count("gemv_stream_swiglu_bf16") == 3 * cfg.num_layers  # each step's gate|up
+    steps = 3
+    if decode_kernel == "layers":
+        # Rows this short take one warp each, so every decode GEMV streams its weights through shared memory.
+        assert fake_driver.launches.count("gemv_stream_bf16") == steps * (3 * cfg.num_layers + 1) + 2  # and heads
+        assert fake_driver.launches.count("gemv_stream_swiglu_bf16") == steps * cfg.num_layers  # each gate|up
+        assert fake_driver.launches.count("attention_decode") == steps * cfg.num_layers
+        assert fake_driver.launches.count("decode_persistent") == fake_driver.cooperative_launches == 0
+    else:  # one launch a step runs every layer; only the heads (2 prefills, 3 steps) remain GEMV launches
+        assert fake_driver.launches.count("decode_persistent") == fake_driver.cooperative_launches == steps
+        assert fake_driver.launches.count("gemv_stream_bf16") == steps + 2
+        assert fake_driver.launches.count("gemv_stream_swiglu_bf16") == 0
+        assert fake_driver.launches.count("attention_decode") == 0
     assert fake_driver.launches.count("gemv_bf16") == fake_driver.launches.count("gemv_swiglu_bf16") == 0
-    assert model.length == 13 + 3
+    assert model.length == 13 + steps
 
 
 def test_long_prefill_uses_the_tiled_gemm(fake_driver: FakeDriver) -> None:
@@ -110,10 +123,12 @@ def test_model_rejects_wrong_weight_shape(fake_driver: FakeDriver) -> None:
         CudaModel(cfg, weights, Module(b"cubin"), max_context=32, max_prefill=8)
 
 
-def test_model_frees_all_it_allocated(fake_driver: FakeDriver) -> None:
+@pytest.mark.parametrize("decode_kernel", ["layers", "persistent"])
+def test_model_frees_all_it_allocated(fake_driver: FakeDriver, decode_kernel: str) -> None:
     before = set(fake_driver.live)
-    model = tiny_qwen3_model()
+    model = tiny_qwen3_model(decode_kernel)
     model.prefill([5, 6, 7])
+    model.decode()
     assert fake_driver.live - before, "the model holds device memory while alive"
     model.free()
     assert fake_driver.live == before, f"{len(fake_driver.live - before)} device buffers outlive the model"
@@ -225,6 +240,7 @@ def test_rows_of_two_warps_keep_the_register_gemv(fake_driver: FakeDriver) -> No
     cfg = ModelConfig("qwen3", 1000, 64, wide, 1, 2, 1, 32, 1e-6, 1e6, 512, True)
     hf_model, weights = build_reference(cfg, seed=3)
     model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8)
+    assert model.decode_kernel == "layers"
     assert set(model.gemv_layout) == {(64, False), (64, True)}
     kernels = {launch.label: launch.kernel.name for launch in model.decode_launches}
     assert kernels["gemv:down"] == "gemv_bf16" and kernels["gemv:qkv"] == "gemv_stream_bf16"

@@ -6,6 +6,7 @@ Gates (every token and every logit bit of the answer compared through the step t
   4 repeated runs identical          5 canary grammar, then the product grammar re-bound: identical to before
   6 graph replays across a grammar switch use the new trie                7 an empty-mask grammar fails loudly
   8 programmatic dependent launches (the default on sm_90) == plain launches
+  9 the persistent decode kernel (opt-in) == the layered launch list (the default), in both loops
 Models are synthetic (fixed seeds, generated here); catalogs are explicit token sequences.
 """
 
@@ -60,8 +61,14 @@ def engines(qwen3_tiny) -> Iterator[Callable[..., Engine]]:
 
     made: dict[tuple, CudaEngine] = {}
 
-    def get(head: str = "sparse", loop: str = "graph", placement: str = "auto", pdl: bool | None = None) -> CudaEngine:
-        key = (head, loop, placement, pdl)
+    def get(
+        head: str = "sparse",
+        loop: str = "graph",
+        placement: str = "auto",
+        pdl: bool | None = None,
+        decode_kernel: str | None = None,
+    ) -> CudaEngine:
+        key = (head, loop, placement, pdl, decode_kernel)
         if key not in made:
             made[key] = CudaEngine(
                 *qwen3_tiny,
@@ -70,6 +77,7 @@ def engines(qwen3_tiny) -> Iterator[Callable[..., Engine]]:
                 trie_placement=placement,
                 max_context=512,
                 module=load_module(pdl=pdl),
+                decode_kernel=decode_kernel,
             )
         return made[key]
 
@@ -183,6 +191,18 @@ def test_gate8_programmatic_launch_equals_plain_launch(engines, product_trie, re
         "8 programmatic dependent launch == plain launch",
         _same(plain, reference_answers),
         reference="PDL on" if pdl_default() else "PDL off (device or TOOLTRIE_CUDA_PDL=0)",
+    )
+
+
+def test_gate9_persistent_decode_kernel_equals_layered_kernels(engines, product_trie, reference_answers) -> None:
+    intents = _intents(N_GATE_INTENTS, PRESETS["tiny"].vocab_size, 11)
+    persistent = {loop: engines("sparse", loop, decode_kernel="persistent") for loop in ("graph", "host")}
+    assert engines("sparse", "host").model.decode_kernel == "layers"  # the reference answers' step
+    assert all(engine.model.decode_kernel == "persistent" for engine in persistent.values())
+    _gate(
+        "9 persistent decode kernel == layered kernels",
+        all(_same(_answers(engine, product_trie, intents), reference_answers) for engine in persistent.values()),
+        loops="graph and host",
     )
 
 

@@ -1,0 +1,207 @@
+"""The decode step as one persistent kernel (cuda/decode_persistent.cuh): which models it serves, its plan in device
+memory, and its launch.
+
+One block per SM runs every layer's phases with grid-wide barriers between them, and each warp streams its weight
+pieces for the whole step through one shared-memory ring, so the weights of the next phase arrive while a block
+waits at a barrier or works on attention. Its results are the layered launch list's bits (the same row sums, the
+same attention chunks and merge); the GPU tests compare the two step for step. It is opt-in
+(``TOOLTRIE_DECODE_KERNEL=persistent``): on an H200 its five grid barriers a layer cost more than the kernel
+boundaries they replace (docs/cuda-speed-notes.md #58-#62).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import numpy as np
+
+from decoder_service.engines.cuda.driver import Stream, multiprocessor_count
+from decoder_service.engines.cuda.memory import DeviceBuffer
+from decoder_service.engines.cuda.module import Launch, Module
+from decoder_service.engines.cuda.weights import ModelWeights
+from decoder_service.models.config import ModelConfig
+
+PDEC_THREADS = 256
+SLOT_BYTES = 8 * 2048 * 2  # GSTREAM_TILE_BYTES: one 4 KB piece for each of the block's 8 warps
+MAX_STAGES = 6  # GSTREAM_MAX_STAGES: the ring barriers the kernel has per warp
+MIN_STAGES = 2  # a shallower ring leaves nothing in flight while a piece is reduced
+# The kernel's static shared memory (ptxas -v reports 8,448 bytes; a build test checks this bound).
+PDEC_STATIC_SHARED = 8_704
+MAX_SHARED_PER_BLOCK = 227 * 1024
+ONE_WARP_ROW_MAX_K = 8192  # GEMV_SPLIT_MIN_K in forward.py: longer rows take two warps, which this kernel lacks
+DECODE_KERNEL_ENV = "TOOLTRIE_DECODE_KERNEL"
+DECODE_KERNELS = ("layers", "persistent")
+STAGES_ENV = "TOOLTRIE_PERSISTENT_STAGES"
+
+# struct PdecLayer and struct PdecPlan of cuda/decode_persistent.cuh, field for field (a test parses the header).
+LAYER_FIELDS = (
+    ("qkv", "ptr"),
+    ("qkv_bias", "ptr"),
+    ("input_norm", "ptr"),
+    ("q_norm", "ptr"),
+    ("k_norm", "ptr"),
+    ("o", "ptr"),
+    ("post_norm", "ptr"),
+    ("gate_up", "ptr"),
+    ("down", "ptr"),
+    ("k_cache", "ptr"),
+    ("v_cache", "ptr"),
+)
+PLAN_FIELDS = (
+    ("layers", "ptr"),
+    ("x", "ptr"),
+    ("qkv", "ptr"),
+    ("attn", "ptr"),
+    ("act", "ptr"),
+    ("partial", "ptr"),
+    ("rope", "ptr"),
+    ("done", "ptr"),
+    ("sync", "ptr"),
+    ("n_layers", "i32"),
+    ("hidden", "i32"),
+    ("q_width", "i32"),
+    ("kv_width", "i32"),
+    ("intermediate", "i32"),
+    ("n_heads", "i32"),
+    ("n_kv_heads", "i32"),
+    ("head_dim", "i32"),
+    ("max_chunks", "i32"),
+    ("stages", "i32"),
+    ("eps", "f32"),
+    ("scale", "f32"),
+)
+_CODES = {"ptr": "Q", "i32": "i", "f32": "f"}
+LAYER_FORMAT = "<" + "".join(_CODES[kind] for _, kind in LAYER_FIELDS)
+PLAN_FORMAT = "<" + "".join(_CODES[kind] for _, kind in PLAN_FIELDS)
+
+
+def staging_floats(config: ModelConfig, max_chunks: int) -> int:
+    """Floats of the kernel's staging area: the widest GEMV input row, or the attention merge's (m, l) table."""
+    c = config
+    return max(c.hidden_size, c.num_heads * c.head_dim, c.intermediate_size, 2 * max_chunks)
+
+
+def persistent_stages(config: ModelConfig, max_chunks: int, cap: int = MAX_STAGES) -> int:
+    """The deepest ring (at most ``cap``) that fits one block's shared memory beside the staging area; below
+    MIN_STAGES the model does not fit (0)."""
+    room = MAX_SHARED_PER_BLOCK - PDEC_STATIC_SHARED - 4 * staging_floats(config, max_chunks)
+    stages = min(cap, room // SLOT_BYTES)
+    return stages if stages >= MIN_STAGES else 0
+
+
+def persistent_shared_bytes(config: ModelConfig, max_chunks: int, stages: int) -> int:
+    """Dynamic shared memory of a block: the warps' rings, then the staging area."""
+    return stages * SLOT_BYTES + 4 * staging_floats(config, max_chunks)
+
+
+def unsupported_reason(config: ModelConfig, max_chunks: int) -> str | None:
+    """Why the persistent kernel cannot run this model (None: it can)."""
+    c = config
+    widths = {"hidden_size": c.hidden_size, "num_heads * head_dim": c.num_heads * c.head_dim}
+    widths["intermediate_size"] = c.intermediate_size
+    for name, k in widths.items():
+        if k >= ONE_WARP_ROW_MAX_K:
+            return f"{name} {k} is at least {ONE_WARP_ROW_MAX_K}: such rows are shared by two warps"
+    if 256 % c.head_dim:
+        return f"head_dim {c.head_dim} does not divide the attention block of 256 threads"
+    if persistent_stages(config, max_chunks) == 0:
+        return "the weight rings and the staged input do not fit one block's shared memory"
+    return None
+
+
+def decode_kernel_choice(config: ModelConfig, max_chunks: int, requested: str | None = None) -> str:
+    """'persistent' or 'layers' for this model: ``requested``, else $TOOLTRIE_DECODE_KERNEL, else 'layers'.
+
+    The layered launch list is the default: on an H200 the persistent kernel measured slower
+    (docs/cuda-speed-notes.md #58-#62). Asking for the persistent kernel where it cannot run is an error.
+    """
+    choice = requested if requested is not None else os.environ.get(DECODE_KERNEL_ENV) or "layers"
+    if choice not in DECODE_KERNELS:
+        raise ValueError(f"decode kernel {choice!r} is not one of {', '.join(DECODE_KERNELS)}")
+    reason = unsupported_reason(config, max_chunks) if choice == "persistent" else None
+    if reason:
+        raise ValueError(f"the persistent decode kernel cannot run this model: {reason}")
+    return choice
+
+
+class PersistentDecode:
+    """The plan of one model's persistent decode step (device memory) and the launch that runs it."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: ModelWeights,
+        buffers: dict[str, int],
+        k_caches: list[int],
+        v_caches: list[int],
+        max_chunks: int,
+        module: Module,
+        stream: Stream,
+    ) -> None:
+        c = config
+        cap = _env_stages()
+        self.stages = persistent_stages(config, max_chunks, cap)
+        if self.stages == 0:
+            raise ValueError(unsupported_reason(config, max_chunks) or f"{STAGES_ENV}={cap} is too shallow")
+        self.shared_bytes = persistent_shared_bytes(config, max_chunks, self.stages)
+        self.grid = multiprocessor_count()  # one block per SM: all resident at once, as the barriers need
+        rows = []
+        for lw, kc, vc in zip(weights.layers, k_caches, v_caches, strict=True):
+            ptrs = [lw.qkv, lw.qkv_bias, lw.input_norm, lw.q_norm, lw.k_norm, lw.o, lw.post_norm, lw.gate_up, lw.down]
+            rows.append(struct.pack(LAYER_FORMAT, *(b.ptr if b is not None else 0 for b in ptrs), kc, vc))
+        self.layers = DeviceBuffer.from_array(np.frombuffer(b"".join(rows), dtype=np.uint8), stream)
+        self.sync = DeviceBuffer(4)  # the grid barrier's counter; each launch leaves it at zero
+        self.sync.upload(np.zeros(1, dtype=np.uint32), stream)
+        plan = struct.pack(
+            PLAN_FORMAT,
+            self.layers.ptr,
+            *(buffers[name] for name in ("x", "qkv", "attn", "act", "partial", "rope", "done")),
+            self.sync.ptr,
+            c.num_layers,
+            c.hidden_size,
+            c.num_heads * c.head_dim,
+            c.num_kv_heads * c.head_dim,
+            c.intermediate_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            max_chunks,
+            self.stages,
+            float(c.rms_norm_eps),
+            1.0 / float(np.sqrt(c.head_dim)),
+        )
+        self.plan = DeviceBuffer.from_array(np.frombuffer(plan, dtype=np.uint8), stream)
+        self.kernel = module.kernel("decode_persistent")
+        self.kernel.set_max_dynamic_shared(self.shared_bytes)
+        self.kernel.prefer_max_shared()
+
+    def launch(self, pos_ptr: int, pos: int) -> Launch:
+        """The step's launch: position from ``pos_ptr`` (device memory), or the host value ``pos`` when it is 0
+        (argument 2, which ``CudaModel`` rewrites before each host-driven step)."""
+        return Launch(
+            self.kernel,
+            (self.grid, 1, 1),
+            (PDEC_THREADS, 1, 1),
+            [("ptr", self.plan.ptr), ("ptr", pos_ptr), ("i32", pos)],
+            shared_bytes=self.shared_bytes,
+            label="decode_persistent",
+            cooperative=True,
+        )
+
+    def free(self) -> None:
+        for buf in (self.plan, self.layers, self.sync):
+            buf.free()
+
+
+def _env_stages() -> int:
+    raw = os.environ.get(STAGES_ENV)
+    if not raw:
+        return MAX_STAGES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{STAGES_ENV}={raw!r} is not an integer") from None
+    if not MIN_STAGES <= value <= MAX_STAGES:
+        raise ValueError(f"{STAGES_ENV}={value} is out of range: {MIN_STAGES} to {MAX_STAGES}")
+    return value
