@@ -63,7 +63,7 @@ class Launch:
         self.shared_bytes = shared_bytes
         # A cooperative launch starts only with every block resident at once, which grid-wide barriers need (a
         # barrier among blocks of which some wait for an SM would never open).
-        self.cooperative = cooperative and cooperative_default()
+        self.cooperative = cooperative
         try:
             self._values = [_CTYPES[kind](value) for kind, value in args]
         except KeyError as exc:
@@ -128,12 +128,6 @@ def pdl_default() -> bool:
     if os.environ.get("TOOLTRIE_CUDA_PDL", "1") == "0":
         return False
     return driver.compute_capability()[0] >= 9
-
-
-def cooperative_default() -> bool:
-    """Cooperative launches for kernels that ask for them, unless ``TOOLTRIE_CUDA_COOPERATIVE=0`` turns them off (to
-    measure them; such a kernel then relies on nothing else running on the GPU while it does)."""
-    return os.environ.get("TOOLTRIE_CUDA_COOPERATIVE", "1") != "0"
 
 
 class Module:
