@@ -136,16 +136,8 @@ __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f +
 // A load of an activation: with CG, through L2 only (ld.global.cg). The persistent decode kernel reads values that
 // other blocks of the same launch wrote after its start; L2 is where every SM sees them, while a line this SM's L1
 // kept from an earlier layer could be stale. Kernels that read only what earlier launches wrote pass false.
-template <bool CG>
-__device__ __forceinline__ float load_activation(const float* p) {
-    if constexpr (CG)
-        return __ldcg(p);
-    else
-        return *p;
-}
-
-template <bool CG>
-__device__ __forceinline__ float4 load_activation4(const float4* p) {
+template <bool CG, class T>
+__device__ __forceinline__ T load_activation(const T* p) {
     if constexpr (CG)
         return __ldcg(p);
     else

@@ -9,7 +9,9 @@
 // with the piece `stages` further on, which at the end of a phase is already the next phase's (or the next
 // layer's), so while the block waits at a barrier or works on attention, its ring fills with the weights it needs
 // next. Nothing but shared memory bounds the lookahead (6 pieces of 4 KB a warp: about 25 MB on an H200, 6 µs of
-// its bandwidth).
+// its bandwidth). Measured on an H200 it is nonetheless slower than the layered list: each of a step's 139 grid
+// barriers costs 1-3 µs after the last block arrives, and the rings of the warps that finished a phase first sit
+// full of landed pieces meanwhile, so little is in flight through it (docs/cuda-speed-notes.md #58-#63). Opt-in.
 //
 // The same bits as the layered kernels: each phase is their arithmetic, row for row.
 //   GEMVs: gemv_stream.cuh's, one warp per row; warp w of block b reduces rows g * 8 + w of row groups

@@ -52,7 +52,7 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
         for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
             const int e = threadIdx.x + i * stride;
             if (e < k4) {
-                v[i] = load_activation4<CG>(x4 + e);
+                v[i] = load_activation<CG>(x4 + e);
                 w[i] = w4[e];
             }
         }
@@ -87,7 +87,7 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
             for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
                 const int e = base + i * stride;
                 if (e < k4) {
-                    v[i] = load_activation4<CG>(x4 + e);
+                    v[i] = load_activation<CG>(x4 + e);
                     w[i] = w4[e];
                 }
             }
@@ -110,7 +110,7 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
 #pragma unroll
             for (int i = 0; i < 2 * GEMV_STAGE_BATCH; ++i) {
                 const int e = base + i * stride;
-                if (e < k4) v[i] = load_activation4<CG>(x4 + e);
+                if (e < k4) v[i] = load_activation<CG>(x4 + e);
             }
 #pragma unroll
             for (int i = 0; i < 2 * GEMV_STAGE_BATCH; ++i) {

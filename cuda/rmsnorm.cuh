@@ -12,7 +12,7 @@ __device__ __forceinline__ float rms_sum_of_squares(const float4* __restrict__ x
     float ss = 0.0f;
 #pragma unroll 4
     for (int e = threadIdx.x; e < n4; e += blockDim.x) {
-        const float4 v = load_activation4<CG>(x4 + e);
+        const float4 v = load_activation<CG>(x4 + e);
         ss = fmaf(v.x, v.x, ss);
         ss = fmaf(v.y, v.y, ss);
         ss = fmaf(v.z, v.z, ss);

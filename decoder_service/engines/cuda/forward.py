@@ -8,13 +8,13 @@ from device memory (the previous step's argmax), so the same list can later be c
 from __future__ import annotations
 
 import math
-import os
 from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
 
 from decoder_service.engines.cuda.driver import Stream, multiprocessor_count, shared_memory_per_multiprocessor
+from decoder_service.engines.cuda.env import env_int
 from decoder_service.engines.cuda.memory import DeviceBuffer
 from decoder_service.engines.cuda.module import Launch, Module
 from decoder_service.engines.cuda.persistent import PersistentDecode, decode_kernel_choice
@@ -211,8 +211,8 @@ class CudaModel:
                 )
             for name in ("gemv_bf16", "gemv_swiglu_bf16"):
                 module.kernel(name).set_max_dynamic_shared(gemv_shared)
-        fixed_blocks = _env_int("TOOLTRIE_GEMV_BLOCKS_PER_SM", 0, 1, 4) or None  # unset: the rule above
-        stage_cap = _env_int("TOOLTRIE_GEMV_STAGES", GSTREAM_MAX_STAGES, 1, GSTREAM_MAX_STAGES)
+        fixed_blocks = env_int("TOOLTRIE_GEMV_BLOCKS_PER_SM", 0, 1, 4) or None  # unset: the rule above
+        stage_cap = env_int("TOOLTRIE_GEMV_STAGES", GSTREAM_MAX_STAGES, 1, GSTREAM_MAX_STAGES)
         sm_shared, sms = shared_memory_per_multiprocessor(), multiprocessor_count()
         # (grid cap, ring depth) per (input width, SwiGLU output) of the streaming GEMVs (rows of one warp); longer
         # rows go to gemv_bf16 and need no ring.
@@ -666,20 +666,6 @@ class CudaModel:
         for buf in buffers:
             buf.free()
         self.weights.free()
-
-
-def _env_int(name: str, default: int, low: int, high: int) -> int:
-    """An integer setting from the environment, ``default`` when unset; out of [low, high] is an error."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
-    if not low <= value <= high:
-        raise ValueError(f"{name}={value} is out of range: {low} to {high}")
-    return value
 
 
 def _ptr(buf: DeviceBuffer | None) -> int:

@@ -17,6 +17,7 @@ import struct
 import numpy as np
 
 from decoder_service.engines.cuda.driver import Stream, multiprocessor_count
+from decoder_service.engines.cuda.env import env_int
 from decoder_service.engines.cuda.memory import DeviceBuffer
 from decoder_service.engines.cuda.module import Launch, Module
 from decoder_service.engines.cuda.weights import ModelWeights
@@ -140,7 +141,7 @@ class PersistentDecode:
         stream: Stream,
     ) -> None:
         c = config
-        cap = _env_stages()
+        cap = env_int(STAGES_ENV, MAX_STAGES, MIN_STAGES, MAX_STAGES)
         self.stages = persistent_stages(config, max_chunks, cap)
         if self.stages == 0:
             raise ValueError(unsupported_reason(config, max_chunks) or f"{STAGES_ENV}={cap} is too shallow")
@@ -192,16 +193,3 @@ class PersistentDecode:
     def free(self) -> None:
         for buf in (self.plan, self.layers, self.sync):
             buf.free()
-
-
-def _env_stages() -> int:
-    raw = os.environ.get(STAGES_ENV)
-    if not raw:
-        return MAX_STAGES
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{STAGES_ENV}={raw!r} is not an integer") from None
-    if not MIN_STAGES <= value <= MAX_STAGES:
-        raise ValueError(f"{STAGES_ENV}={value} is out of range: {MIN_STAGES} to {MAX_STAGES}")
-    return value

@@ -1,0 +1,19 @@
+"""Integer tuning settings of the CUDA engine read from the environment, checked against their range."""
+
+from __future__ import annotations
+
+import os
+
+
+def env_int(name: str, default: int, low: int, high: int) -> int:
+    """An integer setting from the environment, ``default`` when unset; out of [low, high] is an error."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if not low <= value <= high:
+        raise ValueError(f"{name}={value} is out of range: {low} to {high}")
+    return value
