@@ -148,8 +148,9 @@ class PersistentDecode:
         self.shared_bytes = persistent_shared_bytes(config, max_chunks, self.stages)
         self.grid = multiprocessor_count()  # one block per SM: all resident at once, as the barriers need
         rows = []
+        weight_fields = [name for name, _ in LAYER_FIELDS if name not in ("k_cache", "v_cache")]
         for lw, kc, vc in zip(weights.layers, k_caches, v_caches, strict=True):
-            ptrs = [lw.qkv, lw.qkv_bias, lw.input_norm, lw.q_norm, lw.k_norm, lw.o, lw.post_norm, lw.gate_up, lw.down]
+            ptrs = [getattr(lw, name) for name in weight_fields]  # LayerWeights names its buffers as the struct does
             rows.append(struct.pack(LAYER_FORMAT, *(b.ptr if b is not None else 0 for b in ptrs), kc, vc))
         self.layers = DeviceBuffer.from_array(np.frombuffer(b"".join(rows), dtype=np.uint8), stream)
         self.sync = DeviceBuffer(4)  # the grid barrier's counter; each launch leaves it at zero
