@@ -10,7 +10,14 @@
 //   ascending order; (m, l, acc) go to `partial`;
 //   the block that finishes a head last (a counter per head, over the blocks that have a chunk; the others leave
 //   at once) merges its chunks in ascending order (m = max m_c, weights exp(m_c - m)) into out, and resets the
-//   counter. Which block merges changes nothing.
+//   counter. Which block merges changes nothing. attention_decode_cluster (the same body, launched as clusters of
+//   ATTN_CLUSTER blocks) merges contexts of at most ATTN_CLUSTER chunks inside the head's first cluster instead:
+//   each block writes its record into the shared memory of the cluster's first block, which merges them with the
+//   same arithmetic, so the records' global round trips and the counter's atomic leave the chain (the same bits).
+//   On an H200 a prototype saved about 40 µs per token at 200 positions, but launching clusters cost more than
+//   that at 708 (docs/cuda-speed-notes.md #65), so the host takes it only for requests that stay within
+//   ATTN_CLUSTER chunks, and only when asked (TOOLTRIE_CLUSTER_ATTENTION=1); it is correct at any context (past
+//   ATTN_CLUSTER chunks it takes the counter and global records).
 // The new token's k and v (row pos) are computed by every block whose chunk holds pos, together with its q by
 // head_norm_rope_pair (each value bit-identical to the prefill kernel's head_norm_rope_values), and used from shared
 // memory; the first q head of each kv group writes them to the caches. The position comes from device memory
@@ -32,6 +39,9 @@ static_assert(ATTN_CHUNK == TT_WARP, "each warp's softmax takes one score a lane
 // Chunks the merge holds: 65,536 positions. The host's max_context is bounded lower, by the prefill attention's
 // shared memory (one score per position: about 49,600), so this is never the limit.
 #define ATTN_MERGE_MAX_CHUNKS 2048
+#define ATTN_CLUSTER 8                // blocks of attention_decode_cluster's clusters (its grid.y is a multiple)
+#define ATTN_RECORD_FLOATS (256 + 2)  // a chunk's (m, l, acc[head_dim <= 256]) in the cluster merge's table
+static_assert(ATTN_CLUSTER * ATTN_RECORD_FLOATS <= 2 * ATTN_MERGE_MAX_CHUNKS, "the records reuse the merge table");
 
 // Loads the V values thread (g, d) sums next: column d of rows t0 + g + k * groups (k < ATTN_V_COL) of the chunk at
 // j0, where groups = ATTN_SPLIT_THREADS / head_dim threads share a column. A warp reads 32 consecutive columns of
@@ -135,11 +145,20 @@ __device__ __forceinline__ void attn_prepare_head(const float* qkv, bool q_has_n
     TT_MARK(mark + 3);
 }
 
+// Where chunk records go: (h, c)'s place in `partial` (global memory), or with `cluster` chunk c's row of the
+// cluster merge's table in the cluster's first block (`records`, reached through distributed shared memory).
+struct AttnRecords {
+    float* partial;
+    float* records;
+    bool cluster;
+    __device__ __forceinline__ float* at(int h, int c, const AttnDims& d) const;
+};
+
 // Chunk c of head h (attn_prepare_head done for h): its scores, softmax max m and sum l, and V sums, written as the
-// record (m, l, acc[head_dim]) of (h, c) in `partial`. Ends with a barrier (sh is free for the next chunk).
+// record (m, l, acc[head_dim]) of (h, c) at to.at(h, c). Ends with a barrier (sh is free for the next chunk).
 __device__ __forceinline__ void attn_chunk_record(const float* __restrict__ k_cache, const float* __restrict__ v_cache,
-                                                  float* __restrict__ partial, int h, int c, int pos,
-                                                  const AttnDims& d, AttnShared& sh, int mark) {
+                                                  const AttnRecords& to, int h, int c, int pos, const AttnDims& d,
+                                                  AttnShared& sh, int mark) {
     const int head_dim = d.head_dim, kvh = h / (d.n_heads / d.n_kv_heads);
     const int length = pos + 1, kv_stride = d.n_kv_heads * head_dim, hd4 = head_dim / 4;
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
@@ -219,7 +238,7 @@ __device__ __forceinline__ void attn_chunk_record(const float* __restrict__ k_ca
     sh.red[g * head_dim + dcol] = acc;
     __syncthreads();
     TT_MARK(mark + 8);
-    float* rec = partial + ((size_t)h * d.max_chunks + c) * (head_dim + 2);
+    float* rec = to.at(h, c, d);
     if (threadIdx.x < head_dim) {
         float sum = sh.red[threadIdx.x];
         for (int i = 1; i < groups; ++i) sum += sh.red[i * head_dim + threadIdx.x];  // ascending group order
@@ -293,14 +312,53 @@ __device__ __forceinline__ void attn_count_and_merge(float* __restrict__ partial
     TT_MARK(mark + 12);
 }
 
-// grid (n_heads, any number of blocks); block ATTN_SPLIT_THREADS. partial holds n_heads * max_chunks records of
-// head_dim + 2 floats; done holds n_heads zeroed counters (left zeroed). qkv is the new token's raw q|k|v.
-extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3)
-attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm, const bf16_t* __restrict__ k_norm,
-                 float* __restrict__ k_cache, float* __restrict__ v_cache, float* __restrict__ partial,
-                 float* __restrict__ out, int* __restrict__ done, const int* pos_ptr, int pos_host, int n_heads,
-                 int n_kv_heads, int head_dim, float scale, const float* __restrict__ rope, float eps,
-                 int max_chunks) {
+// This block's rank in its cluster.
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// The generic address of `p`'s counterpart in the shared memory of block `rank` of this cluster.
+__device__ __forceinline__ float* cluster_map(float* p, unsigned rank) {
+    uint64_t q;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(q) : "l"(p), "r"(rank));
+    return reinterpret_cast<float*>(q);
+}
+
+__device__ __forceinline__ float* AttnRecords::at(int h, int c, const AttnDims& d) const {
+    return cluster ? cluster_map(records + c * ATTN_RECORD_FLOATS, 0)
+                   : partial + ((size_t)h * d.max_chunks + c) * (d.head_dim + 2);
+}
+
+// out[h * head_dim + d] from the n_chunks records of head h at records[c * stride] (this block's shared memory):
+// attn_count_and_merge's arithmetic, in its order.
+__device__ __forceinline__ void attn_merge_local(const float* records, int stride, float* __restrict__ out, int h,
+                                                 int n_chunks, int head_dim) {
+    if (threadIdx.x >= head_dim) return;
+    float mx = -INFINITY;
+    for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, records[c * stride]);
+    float lsum = 0.0f, a = 0.0f;
+    for (int c = 0; c < n_chunks; ++c) {
+        const float* rec = records + c * stride;
+        const float w = expf(rec[0] - mx);
+        lsum = fmaf(rec[1], w, lsum);
+        a = fmaf(rec[2 + threadIdx.x], w, a);
+    }
+    out[h * head_dim + threadIdx.x] = a / lsum;
+}
+
+// grid (n_heads, any number of blocks; CLUSTER: a multiple of ATTN_CLUSTER); block ATTN_SPLIT_THREADS. partial
+// holds n_heads * max_chunks records of head_dim + 2 floats; done holds n_heads zeroed counters (left zeroed). qkv
+// is the new token's raw q|k|v.
+template <bool CLUSTER>
+__device__ __forceinline__ void attention_decode_body(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
+                                                      const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache,
+                                                      float* __restrict__ v_cache, float* __restrict__ partial,
+                                                      float* __restrict__ out, int* __restrict__ done,
+                                                      const int* pos_ptr, int pos_host, int n_heads, int n_kv_heads,
+                                                      int head_dim, float scale, const float* __restrict__ rope,
+                                                      float eps, int max_chunks) {
     const int mark = (blockIdx.x * gridDim.y + blockIdx.y) * ATTN_TRACE_PROBES;  // this block's TT_MARK slots
     TT_MARK(mark);
     const int h = blockIdx.x;
@@ -322,11 +380,65 @@ attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_nor
     // Blocks without a chunk (short contexts) leave at once, freeing their SM for the next kernel's blocks, which
     // start loading their weights (programmatic launch); the merge counts only the blocks that have chunks.
     const int working = min((int)gridDim.y, n_chunks);
+    if constexpr (CLUSTER) {
+        // At most ATTN_CLUSTER chunks: every chunk sits in the head's first cluster (chunk c in its block c) and is
+        // merged there. Each of its blocks writes its record into the first block's table (that block's merge_ml)
+        // and arrives at the cluster barrier with release; only the first block waits (acquire), merges and
+        // writes out. The other clusters' blocks leave at once, and so do the first cluster's once they have
+        // arrived (nothing reads their shared memory). Longer contexts take the counter and global records.
+        // (A branch of its own, so that attention_decode's machine code stays the one measured.)
+        const bool in_cluster = n_chunks <= ATTN_CLUSTER;
+        if (blockIdx.y >= (in_cluster ? ATTN_CLUSTER : working)) return;
+        float* records = &merge_ml[0][0];
+        if ((int)blockIdx.y < n_chunks) {
+            const int first_row = (int)blockIdx.y * ATTN_CHUNK;
+            attn_prepare_head<false>(qkv, q_norm != nullptr, k_norm != nullptr, q_norm_d, k_norm_d, k_cache, v_cache,
+                                     rope, h, pos, scores_pos, first_row, min(ATTN_CHUNK, length - first_row), d, sh,
+                                     mark);
+            for (int c = blockIdx.y; c < n_chunks; c += gridDim.y)  // uniform across the block
+                attn_chunk_record(k_cache, v_cache, AttnRecords{partial, records, in_cluster}, h, c, pos, d, sh,
+                                  mark);
+        }
+        if (!in_cluster) {
+            attn_count_and_merge(partial, out, done, h, n_chunks, working, d, sh, merge_ml[0], merge_ml[1], mark);
+            return;
+        }
+        TT_MARK(mark + 9);
+        // The barrier that ends a record orders every thread's writes before its arrival's release.
+        asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+        TT_MARK(mark + 10);
+        if (cluster_rank() != 0) return;
+        asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+        TT_MARK(mark + 11);
+        attn_merge_local(records, ATTN_RECORD_FLOATS, out, h, n_chunks, head_dim);
+        TT_MARK(mark + 12);
+        return;
+    }
     if (blockIdx.y >= working) return;
     const int first_row = (int)blockIdx.y * ATTN_CHUNK;
     attn_prepare_head<false>(qkv, q_norm != nullptr, k_norm != nullptr, q_norm_d, k_norm_d, k_cache, v_cache, rope, h,
                              pos, scores_pos, first_row, min(ATTN_CHUNK, length - first_row), d, sh, mark);
     for (int c = blockIdx.y; c < n_chunks; c += gridDim.y)  // uniform across the block
-        attn_chunk_record(k_cache, v_cache, partial, h, c, pos, d, sh, mark);
+        attn_chunk_record(k_cache, v_cache, AttnRecords{partial, nullptr, false}, h, c, pos, d, sh, mark);
     attn_count_and_merge(partial, out, done, h, n_chunks, working, d, sh, merge_ml[0], merge_ml[1], mark);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3)
+attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm, const bf16_t* __restrict__ k_norm,
+                 float* __restrict__ k_cache, float* __restrict__ v_cache, float* __restrict__ partial,
+                 float* __restrict__ out, int* __restrict__ done, const int* pos_ptr, int pos_host, int n_heads,
+                 int n_kv_heads, int head_dim, float scale, const float* __restrict__ rope, float eps,
+                 int max_chunks) {
+    attention_decode_body<false>(qkv, q_norm, k_norm, k_cache, v_cache, partial, out, done, pos_ptr, pos_host, n_heads,
+                                 n_kv_heads, head_dim, scale, rope, eps, max_chunks);
+}
+
+extern "C" __global__ void __cluster_dims__(1, ATTN_CLUSTER, 1) __launch_bounds__(ATTN_SPLIT_THREADS, 3)
+attention_decode_cluster(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
+                         const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache, float* __restrict__ v_cache,
+                         float* __restrict__ partial, float* __restrict__ out, int* __restrict__ done,
+                         const int* pos_ptr, int pos_host, int n_heads, int n_kv_heads, int head_dim, float scale,
+                         const float* __restrict__ rope, float eps, int max_chunks) {
+    attention_decode_body<true>(qkv, q_norm, k_norm, k_cache, v_cache, partial, out, done, pos_ptr, pos_host, n_heads,
+                                n_kv_heads, head_dim, scale, rope, eps, max_chunks);
 }

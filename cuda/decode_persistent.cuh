@@ -298,7 +298,7 @@ __device__ __forceinline__ void pdec_attention(const PdecPlan& P, int layer, int
         const int h = t % P.n_heads, c = t / P.n_heads;
         attn_prepare_head<true>(P.qkv, L->q_norm != nullptr, L->k_norm != nullptr, q_norm_d, k_norm_d, k_cache,
                                 v_cache, P.rope, h, pos, c == last_chunk, 0, 0, d, sh, no_trace);
-        attn_chunk_record(k_cache, v_cache, P.partial, h, c, pos, d, sh, no_trace);
+        attn_chunk_record(k_cache, v_cache, AttnRecords{P.partial, nullptr, false}, h, c, pos, d, sh, no_trace);
         if (t == (int)blockIdx.x) TT_MARK(mark + 1);
         attn_count_and_merge(P.partial, P.attn, P.done, h, n_chunks, n_chunks, d, sh, merge_ml,
                              merge_ml + P.max_chunks, no_trace);

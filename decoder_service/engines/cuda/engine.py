@@ -23,7 +23,8 @@ import numpy as np
 from decoder_service.engines.base import HEADS, DecodeError, DecodeRequest, Engine, Event, PointerEvent, SummaryEvent
 from decoder_service.engines.cuda import driver
 from decoder_service.engines.cuda.driver import CudaError, call
-from decoder_service.engines.cuda.forward import F32, CudaModel
+from decoder_service.engines.cuda.env import env_int
+from decoder_service.engines.cuda.forward import CLUSTER_ATTENTION_POSITIONS, F32, CudaModel
 from decoder_service.engines.cuda.graph_loop import DecodeGraph
 from decoder_service.engines.cuda.host_grammar_loop import HostLoop
 from decoder_service.engines.cuda.memory import DeviceBuffer
@@ -57,6 +58,9 @@ def load_module(pdl: bool | None = None) -> Module:
     return Module(path, pdl=pdl)
 
 
+CLUSTER_ATTENTION_ENV = "TOOLTRIE_CLUSTER_ATTENTION"  # 1: attention_decode_cluster for short requests
+
+
 class _Cancelled(Exception):
     """The request's ``cancelled`` callback turned True."""
 
@@ -65,7 +69,11 @@ class CudaEngine(Engine):
     """Serial (batch 1) decoding on one GPU. ``head``: 'sparse' (legal rows only; nodes wider than 256 legal
     tokens fall back to the dense head) or 'dense'. ``loop``: 'graph' (device-resident) or 'host'.
     ``decode_kernel``: the forward step's form, as ``CudaModel`` takes it ('layers' or 'persistent'; default
-    $TOOLTRIE_DECODE_KERNEL, else 'layers')."""
+    $TOOLTRIE_DECODE_KERNEL, else 'layers'). ``cluster_attention``: run a request's decode attention as
+    attention_decode_cluster when its prompt and longest answer stay within CLUSTER_ATTENTION_POSITIONS (the same
+    bits; a prototype measured about 40 µs per token faster there on an H200, and slower past it,
+    docs/cuda-speed-notes.md #65). Opt-in (default $TOOLTRIE_CLUSTER_ATTENTION, else off) until a GPU run of this
+    kernel, gate 10 of the GPU tests included, confirms it."""
 
     name = "cuda"
 
@@ -82,19 +90,23 @@ class CudaEngine(Engine):
         trie_placement: Placement = "auto",
         prefix_cache_entries: int = 4,
         decode_kernel: str | None = None,
+        cluster_attention: bool | None = None,
     ) -> None:
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; accepted: {', '.join(HEADS)}")
         if loop not in LOOPS:
             raise ValueError(f"unknown loop {loop!r}; accepted: {', '.join(LOOPS)}")
         self.head, self.loop, self.trie_placement = head, loop, trie_placement
+        if cluster_attention is None:
+            cluster_attention = env_int(CLUSTER_ATTENTION_ENV, 0, 0, 1) == 1
+        self.cluster_attention = cluster_attention
         self.module = module or load_module()  # one module per engine: its constant bank is this engine's
         self.model = CudaModel(
             config, weights, self.module, max_context=max_context, max_prefill=max_prefill, decode_kernel=decode_kernel
         )
         self.stream = self.model.stream
         self.state = StepState(config.vocab_size, K_MAX * (MAX_NAME_TOKENS + 1), self.stream)
-        self._drivers: dict[tuple[str, bool], HostLoop | DecodeGraph] = {}
+        self._drivers: dict[tuple[str, bool, bool], HostLoop | DecodeGraph] = {}  # (loop, dense, cluster)
         self._tries: OrderedDict[int, DeviceTrie] = OrderedDict()
         self._prefixes: OrderedDict[str, list[DeviceBuffer]] = OrderedDict()
         self._prefix_entries = prefix_cache_entries
@@ -164,10 +176,16 @@ class CudaEngine(Engine):
         self.model.prefill(list(suffix_ids))
         prompt_tokens = self.model.length
         dense = self._start(trie, k, max_steps, prompt_tokens, allowed)
+        # Every step of this answer stays within the cluster attention's contexts (the persistent kernel has its own)
+        cluster = (
+            self.cluster_attention
+            and self.model.persistent is None
+            and prompt_tokens + max_steps <= CLUSTER_ATTENTION_POSITIONS
+        )
         prefill_seconds = time.perf_counter() - t0
 
         decode_start = time.perf_counter()
-        emitted = yield from self._pointer_events(trie, dense, cancelled)
+        emitted = yield from self._pointer_events(trie, dense, cluster, cancelled)
         if emitted is None:
             return  # the caller is gone
         ctl = self.state.read_ctl()
@@ -227,7 +245,7 @@ class CudaEngine(Engine):
         return self.head == "dense" or trie.stats.max_out_degree > HEAD_SLOTS
 
     def _pointer_events(
-        self, trie: CompiledTrie, dense: bool, cancelled: Callable[[], bool]
+        self, trie: CompiledTrie, dense: bool, cluster: bool, cancelled: Callable[[], bool]
     ) -> Generator[PointerEvent, None, int | None]:
         """Run the loop, yielding each pointer the device publishes, while it runs and after.
 
@@ -256,7 +274,7 @@ class CudaEngine(Engine):
                 )
                 emitted, last = emitted + 1, now
 
-        loop = self._run(dense)
+        loop = self._run(dense, cluster)
         try:
             for _ in loop:
                 if cancelled():
@@ -276,14 +294,14 @@ class CudaEngine(Engine):
         return self.state.read_trace(self.last_steps)
 
     # -- internals ----------------------------------------------------------------------------------------
-    def _run(self, dense: bool) -> Iterator[None]:
-        key = (self.loop, dense)
+    def _run(self, dense: bool, cluster: bool) -> Iterator[None]:
+        key = (self.loop, dense, cluster)
         drv = self._drivers.get(key)
         if drv is None:
             drv = (
-                HostLoop(self.model, self.state, dense)
+                HostLoop(self.model, self.state, dense, cluster)
                 if self.loop == "host"
-                else DecodeGraph(self.model, self.state, dense)
+                else DecodeGraph(self.model, self.state, dense, cluster)
             )
             self._drivers[key] = drv
         if isinstance(drv, HostLoop):

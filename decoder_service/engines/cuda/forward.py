@@ -53,6 +53,10 @@ SKINNY_MAX_TOKENS = 64  # prefills of at most this many tokens use it (request s
 ATTN_THREADS = 256
 ATTN_CHUNK = 32  # positions per partial of the decode attention (cuda/attention_decode.cuh)
 ATTN_SPLIT_BLOCKS = 24  # blocks per head of the decode attention; each takes every 24th chunk (three fit an SM)
+# attention_decode_cluster: clusters of 8 blocks, which merge a head's chunks in shared memory while its context
+# holds at most 8 chunks (cuda/attention_decode.cuh)
+ATTN_CLUSTER = 8
+CLUSTER_ATTENTION_POSITIONS = ATTN_CLUSTER * ATTN_CHUNK
 ATTN_STATIC_SHARED = 33_920  # attention's static shared memory (ptxas -v)
 MAX_SHARED_PER_BLOCK = 227 * 1024
 ARGMAX_THREADS = 1024
@@ -62,6 +66,13 @@ GEMV_IN_PLAIN, GEMV_IN_RMSNORM = 0, 1  # input transforms of cuda/gemv.cuh
 # and their suffixes have a few dozen lengths, so the same lists recur; building one (~250 launches) took 2-3.6 ms
 # of host time on an H200 machine's CPU (bench/gpu_forward.py's prefill study).
 PREFILL_LISTS_KEPT = 64
+
+
+def attention_blocks_per_head(max_chunks: int, cluster: bool = False) -> int:
+    """Decode attention blocks per head: one per chunk up to ATTN_SPLIT_BLOCKS; attention_decode_cluster's rounded
+    up to whole clusters (blocks past the last chunk leave at once)."""
+    blocks = min(max_chunks, ATTN_SPLIT_BLOCKS)
+    return -(-blocks // ATTN_CLUSTER) * ATTN_CLUSTER if cluster else blocks
 
 
 def gemv_warps_per_row(n_out: int, k_in: int) -> int:
@@ -227,7 +238,7 @@ class CudaModel:
             stream_shared = max(gemv_stream_shared(k, s) for (k, _), (_, s) in self.gemv_layout.items())
             for name in ("gemv_stream_bf16", "gemv_stream_swiglu_bf16"):
                 module.kernel(name).set_max_dynamic_shared(stream_shared)
-        for name in ("gemv_stream_bf16", "gemv_stream_swiglu_bf16", "attention_decode"):
+        for name in ("gemv_stream_bf16", "gemv_stream_swiglu_bf16", "attention_decode", "attention_decode_cluster"):
             module.kernel(name).prefer_max_shared()
         skinny_shared = SKINNY_TOKENS * max(c.hidden_size, self.q_width, c.intermediate_size) * F32
         if DEFAULT_SHARED_LIMIT < skinny_shared <= MAX_SHARED_PER_BLOCK:
@@ -261,13 +272,15 @@ class CudaModel:
 
     # -- launch lists -------------------------------------------------------------------------------------
     def _build(
-        self, n: int, tokens_ptr: int, pos: int, pos_ptr: int = 0, head: bool = True
+        self, n: int, tokens_ptr: int, pos: int, pos_ptr: int = 0, head: bool = True, cluster_attention: bool = False
     ) -> tuple[list[Launch], list[tuple[Launch, int]]]:
         """Launches for ``n`` tokens at positions pos..pos+n-1, then the final norm of the last token into
         ``xn`` and, with ``head``, the dense head and argmax.
 
-        ``pos_ptr``: device address of the position (0: the host value ``pos``). Returns the launches and the
-        (launch, argument index) pairs that carry the host position.
+        ``pos_ptr``: device address of the position (0: the host value ``pos``). ``cluster_attention``: decode
+        attention as attention_decode_cluster (the same bits, at any context; ``CudaEngine`` takes it for requests
+        within CLUSTER_ATTENTION_POSITIONS). Returns the launches and the (launch, argument index) pairs that carry
+        the host position.
         """
         c, w, k = self.config, self.weights, self.module.kernel
         eps = float(c.rms_norm_eps)
@@ -320,7 +333,7 @@ class CudaModel:
                     )
                 )
             if n == 1:  # one kernel: rotary embedding, cache write, split attention and merge
-                attn = self._decode_attention(i, pos_ptr, pos)
+                attn = self._decode_attention(i, pos_ptr, pos, cluster_attention)
                 launches.append(attn)
                 pos_args.append((attn, 9))
             else:
@@ -422,13 +435,15 @@ class CudaModel:
         launches += self._head(n) if head else self._head(n)[:1]
         return launches, pos_args
 
-    def _decode_attention(self, layer: int, pos_ptr: int, pos: int) -> Launch:
+    def _decode_attention(self, layer: int, pos_ptr: int, pos: int, cluster: bool = False) -> Launch:
         """The new token's attention in one launch (cuda/attention_decode.cuh): q/k norm and rotary embedding,
-        the cache write, fixed 32-position chunks split over up to 24 blocks per head, and the merge."""
+        the cache write, fixed 32-position chunks split over up to 24 blocks per head, and the merge (``cluster``:
+        attention_decode_cluster, whose grid is whole clusters of ATTN_CLUSTER blocks)."""
         c, lw = self.config, self.weights.layers[layer]
+        name = "attention_decode_cluster" if cluster else "attention_decode"
         return Launch(
-            self.module.kernel("attention_decode"),
-            (c.num_heads, min(self.max_chunks, ATTN_SPLIT_BLOCKS), 1),
+            self.module.kernel(name),
+            (c.num_heads, attention_blocks_per_head(self.max_chunks, cluster), 1),
             (ATTN_THREADS, 1, 1),
             [
                 ("ptr", self.qkv.ptr),
@@ -449,17 +464,22 @@ class CudaModel:
                 ("f32", float(c.rms_norm_eps)),
                 ("i32", self.max_chunks),
             ],
-            label="attention_decode",
+            label=name,
         )
 
-    def step_launches(self, token_ptr: int, pos_ptr: int) -> tuple[list[Launch], list[tuple[Launch, int]]]:
+    def step_launches(
+        self, token_ptr: int, pos_ptr: int, cluster_attention: bool = False
+    ) -> tuple[list[Launch], list[tuple[Launch, int]]]:
         """One decode token's forward pass up to the final norm (into ``xn``), without a head.
 
         Device-pointer form: ``token_ptr`` and ``pos_ptr`` hold the token and its position (a captured graph).
         Host-argument form (both 0): set the embedding's argument 2 to the token and the returned position
-        arguments to the position before each launch.
+        arguments to the position before each launch. ``cluster_attention``: as ``_build`` takes it (the
+        persistent decode kernel has its own attention and ignores it).
         """
-        return self._build(1, tokens_ptr=token_ptr, pos=0, pos_ptr=pos_ptr, head=False)
+        return self._build(
+            1, tokens_ptr=token_ptr, pos=0, pos_ptr=pos_ptr, head=False, cluster_attention=cluster_attention
+        )
 
     def dense_head(self) -> Launch:
         """The vocabulary GEMV of ``xn`` into ``logits`` (the dense head; the sparse head reads the same rows)."""

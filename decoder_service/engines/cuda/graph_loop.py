@@ -17,9 +17,10 @@ from decoder_service.engines.cuda.step import CTL, StepLaunches, StepState
 
 
 class DecodeGraph:
-    """The instantiated graph of the loop for one model, one step state and one head."""
+    """The instantiated graph of the loop for one model, one step state, one head and one form of decode attention
+    (``cluster_attention``: as ``CudaModel.step_launches`` takes it)."""
 
-    def __init__(self, model: CudaModel, state: StepState, dense: bool) -> None:
+    def __init__(self, model: CudaModel, state: StepState, dense: bool, cluster_attention: bool = False) -> None:
         cu = driver.cu
         ctx = driver.init()
         stream = model.stream
@@ -31,7 +32,9 @@ class DecodeGraph:
         seed = StepLaunches(model, state, dense, cond=cond)
         step = StepLaunches(model, state, dense, cond=cond)
         forward, _ = model.step_launches(
-            token_ptr=state.ctl.ptr + 4 * CTL["token"], pos_ptr=state.ctl.ptr + 4 * CTL["pos"]
+            token_ptr=state.ctl.ptr + 4 * CTL["token"],
+            pos_ptr=state.ctl.ptr + 4 * CTL["pos"],
+            cluster_attention=cluster_attention,
         )
         self.body_launches = [*forward, *step.launches]
         mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL

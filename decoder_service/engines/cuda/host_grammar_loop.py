@@ -10,13 +10,14 @@ from decoder_service.engines.cuda.step import CTL, StepLaunches, StepState
 
 
 class HostLoop:
-    """Seed step, then per token: read the control block, launch forward (host form), mask, head, step."""
+    """Seed step, then per token: read the control block, launch forward (host form), mask, head, step.
+    ``cluster_attention``: as ``CudaModel.step_launches`` takes it."""
 
-    def __init__(self, model: CudaModel, state: StepState, dense: bool) -> None:
+    def __init__(self, model: CudaModel, state: StepState, dense: bool, cluster_attention: bool = False) -> None:
         self.model = model
         self.state = state
         self.step = StepLaunches(model, state, dense, cond=0)
-        self.forward, self.pos_args = model.step_launches(token_ptr=0, pos_ptr=0)
+        self.forward, self.pos_args = model.step_launches(token_ptr=0, pos_ptr=0, cluster_attention=cluster_attention)
 
     def run(self) -> Iterator[None]:
         """Decode one answer, pausing after each step (the caller publishes pointers meanwhile)."""

@@ -14,12 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from decoder_service.engines.cuda.forward import ATTN_CHUNK
+from decoder_service.engines.cuda.forward import ATTN_CHUNK, ATTN_CLUSTER
 from decoder_service.engines.cuda.persistent import LAYER_FIELDS, LAYER_FORMAT, PLAN_FIELDS, PLAN_FORMAT
 from tests.decoder_service.engines.cuda import reference as ref
 
 CUDA_DIR = Path(__file__).resolve().parents[4] / "cuda"
-_SIGNATURE = re.compile(r'extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s+(\w+)\s*\(([^)]*)\)', re.S)
+_SIGNATURE = re.compile(
+    r'extern "C" __global__ void(?: __cluster_dims__\([^)]*\))?(?: __launch_bounds__\([^)]*\))?\s+(\w+)\s*\(([^)]*)\)',
+    re.S,
+)
 
 
 def kernel_signatures(cuda_dir: Path = CUDA_DIR) -> dict[str, list[tuple[str, str]]]:
@@ -467,6 +470,11 @@ class FakeDriver:
         assert grid[0] == a.n_heads and block[0] == 256
         assert abs(a.scale - a.head_dim**-0.5) < 1e-6
         self._decode_attention(a, self._pos(a), a.k_cache, a.v_cache, a.q_norm, a.k_norm, a.out)
+
+    def k_attention_decode_cluster(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        """attention_decode's arithmetic; its compile-time clusters need a grid of whole clusters a head."""
+        assert grid[1] % ATTN_CLUSTER == 0, f"{grid[1]} blocks a head are not whole clusters of {ATTN_CLUSTER}"
+        self.k_attention_decode(a, grid, block, shared)
 
     def _decode_attention(
         self, a: SimpleNamespace, pos: int, k_cache: int, v_cache: int, q_norm: int, k_norm: int, out: int

@@ -44,6 +44,7 @@ def test_cubin_builds_with_every_kernel(tmp_path: Path) -> None:
         "qk_norm_rope_cache",
         "attention",
         "attention_decode",
+        "attention_decode_cluster",
         "decode_persistent",
         "swiglu",
         "residual_add",

@@ -118,3 +118,49 @@ def test_programmatic_launch_default_follows_the_device_and_the_switch(
     assert pdl_default()  # the stand-in reports compute capability 9.0
     monkeypatch.setenv("TOOLTRIE_CUDA_PDL", "0")
     assert not pdl_default()
+
+
+@pytest.mark.parametrize("loop", ["host", "graph"])
+def test_cluster_attention_serves_the_requests_that_fit_it(fake_driver, tiny_model, tiny_catalog, monkeypatch, loop):
+    """A request whose prompt and longest answer fit CLUSTER_ATTENTION_POSITIONS decodes with
+    attention_decode_cluster, a longer one (here: a limit below the prompt) with attention_decode, and the answers
+    agree (in emulation both are one numpy reference: this checks the choice and its launches)."""
+    from decoder_service.engines.base import DecodeRequest
+    from decoder_service.engines.cuda import engine as engine_module
+    from decoder_service.engines.cuda.engine import CLUSTER_ATTENTION_ENV, CudaEngine
+    from decoder_service.engines.cuda.module import Module
+
+    monkeypatch.delenv(CLUSTER_ATTENTION_ENV, raising=False)
+    answers = {}
+    for limit, expected in ((10**6, "attention_decode_cluster"), (0, "attention_decode")):
+        monkeypatch.setattr(engine_module, "CLUSTER_ATTENTION_POSITIONS", limit)
+        engine = CudaEngine(*tiny_model, loop=loop, module=Module(b"cubin"), max_context=512, cluster_attention=True)
+        fake_driver.launches.clear()
+        events = list(engine.decode(DecodeRequest("Read the config file", 2, tiny_catalog)))
+        used = {name for name in fake_driver.launches if name.startswith("attention_decode")}
+        assert used == {expected}
+        answers[expected] = [e.name for e in events[:-1]]
+        engine.free()
+    off = CudaEngine(*tiny_model, loop=loop, module=Module(b"cubin"), max_context=512)  # the default: off
+    monkeypatch.setattr(engine_module, "CLUSTER_ATTENTION_POSITIONS", 10**6)
+    fake_driver.launches.clear()
+    assert [e.name for e in list(off.decode(DecodeRequest("Read the config file", 2, tiny_catalog)))[:-1]] == answers[
+        "attention_decode"
+    ]
+    assert "attention_decode_cluster" not in fake_driver.launches
+    off.free()
+    assert answers["attention_decode_cluster"] == answers["attention_decode"]
+
+
+def test_cluster_attention_switch_comes_from_the_environment(fake_driver, tiny_model, monkeypatch) -> None:
+    from decoder_service.engines.cuda.engine import CLUSTER_ATTENTION_ENV, CudaEngine
+    from decoder_service.engines.cuda.module import Module
+
+    for value, expected in (("1", True), ("0", False), ("", False)):
+        monkeypatch.setenv(CLUSTER_ATTENTION_ENV, value)
+        engine = CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=512)
+        assert engine.cluster_attention is expected
+        engine.free()
+    monkeypatch.setenv(CLUSTER_ATTENTION_ENV, "2")
+    with pytest.raises(ValueError, match="TOOLTRIE_CLUSTER_ATTENTION=2 is out of range"):
+        CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=512)

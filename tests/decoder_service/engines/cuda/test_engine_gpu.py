@@ -7,6 +7,8 @@ Gates (every token and every logit bit of the answer compared through the step t
   6 graph replays across a grammar switch use the new trie                7 an empty-mask grammar fails loudly
   8 programmatic dependent launches (the default on sm_90) == plain launches
   9 the persistent decode kernel (opt-in) == the layered launch list (the default), in both loops
+ 10 decode attention merged in thread-block clusters (opt-in, for requests within 256 positions) == merged
+    through global records and a counter (the default), in both loops
 Models are synthetic (fixed seeds, generated here); catalogs are explicit token sequences.
 """
 
@@ -67,8 +69,9 @@ def engines(qwen3_tiny) -> Iterator[Callable[..., Engine]]:
         placement: str = "auto",
         pdl: bool | None = None,
         decode_kernel: str | None = None,
+        cluster_attention: bool = False,
     ) -> CudaEngine:
-        key = (head, loop, placement, pdl, decode_kernel)
+        key = (head, loop, placement, pdl, decode_kernel, cluster_attention)
         if key not in made:
             made[key] = CudaEngine(
                 *qwen3_tiny,
@@ -78,6 +81,7 @@ def engines(qwen3_tiny) -> Iterator[Callable[..., Engine]]:
                 max_context=512,
                 module=load_module(pdl=pdl),
                 decode_kernel=decode_kernel,
+                cluster_attention=cluster_attention,
             )
         return made[key]
 
@@ -202,6 +206,20 @@ def test_gate9_persistent_decode_kernel_equals_layered_kernels(engines, product_
     _gate(
         "9 persistent decode kernel == layered kernels",
         all(_same(_answers(engine, product_trie, intents), reference_answers) for engine in persistent.values()),
+        loops="graph and host",
+    )
+
+
+def test_gate10_cluster_attention_equals_global_merge(engines, product_trie, reference_answers) -> None:
+    intents = _intents(N_GATE_INTENTS, PRESETS["tiny"].vocab_size, 11)
+    assert all(key[2] is False for key in engines("sparse", "host")._drivers)  # the reference: the global merge
+    cluster = {loop: engines("sparse", loop, cluster_attention=True) for loop in ("graph", "host")}
+    answers = {loop: _answers(engine, product_trie, intents) for loop, engine in cluster.items()}
+    # (loop, dense head, cluster attention): these short requests took the cluster kernel
+    assert all((loop, False, True) in engine._drivers for loop, engine in cluster.items())
+    _gate(
+        "10 cluster attention merge == global merge",
+        all(_same(a, reference_answers) for a in answers.values()),
         loops="graph and host",
     )
 

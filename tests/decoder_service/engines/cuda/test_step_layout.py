@@ -37,8 +37,17 @@ def test_control_block_and_output_match_the_kernel_header() -> None:
     assert codes == set(step.ERRORS), "every device error code needs a message on the host"
 
 
-def test_decode_attention_chunk_matches_the_kernel() -> None:
-    assert _macros("attention_decode.cuh")["ATTN_CHUNK"] == forward.ATTN_CHUNK
+def test_decode_attention_chunk_and_cluster_match_the_kernel() -> None:
+    macros = _macros("attention_decode.cuh")
+    assert (macros["ATTN_CHUNK"], macros["ATTN_CLUSTER"]) == (forward.ATTN_CHUNK, forward.ATTN_CLUSTER)
+
+
+@pytest.mark.parametrize(
+    ("max_chunks", "plain", "cluster"), [(1, 1, 8), (3, 3, 8), (8, 8, 8), (9, 9, 16), (24, 24, 24), (2048, 24, 24)]
+)
+def test_cluster_attention_grid_is_whole_clusters(max_chunks: int, plain: int, cluster: int) -> None:
+    assert forward.attention_blocks_per_head(max_chunks) == plain
+    assert forward.attention_blocks_per_head(max_chunks, cluster=True) == cluster
 
 
 def test_control_init_words() -> None:
