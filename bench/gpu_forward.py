@@ -293,7 +293,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
         f"| device-to-device copy bandwidth (read + write) | {b['copy_bandwidth_TBps']:.2f} TB/s |",
         f"| dense head GEMV alone (151,936 x 2048 bf16) | {b['dense_head_gemv_ms']:.3f} ms "
         f"({b['dense_head_bandwidth_TBps']:.2f} TB/s) |",
-        f"| prefill of the prompt (tiled fp32 GEMM, untuned) | {b['prefill_ms']:.1f} ms |",
+        f"| prefill of the prompt (tensor-core GEMMs) | {b['prefill_ms']:.1f} ms |",
         "",
         "Per-token cost of each launch group inside the graph (full step minus the step without that group):",
         "",

@@ -14,10 +14,10 @@
 //   ATTN_CLUSTER blocks) merges contexts of at most ATTN_CLUSTER chunks inside the head's first cluster instead:
 //   each block writes its record into the shared memory of the cluster's first block, which merges them with the
 //   same arithmetic, so the records' global round trips and the counter's atomic leave the chain (the same bits).
-//   On an H200 a prototype saved about 40 µs per token at 200 positions, but launching clusters cost more than
-//   that at 708 (docs/cuda-speed-notes.md #65), so the host takes it only for requests that stay within
-//   ATTN_CLUSTER chunks, and only when asked (TOOLTRIE_CLUSTER_ATTENTION=1); it is correct at any context (past
-//   ATTN_CLUSTER chunks it takes the counter and global records).
+//   On an H200 it saves about 35 µs per token at 200 positions, but launching clusters cost more than that at
+//   708 (docs/cuda-speed-notes.md #65, #66), so the host takes it only for requests that stay within ATTN_CLUSTER
+//   chunks (unless TOOLTRIE_CLUSTER_ATTENTION=0); it is correct at any context (past ATTN_CLUSTER chunks it takes
+//   the counter and global records).
 // The new token's k and v (row pos) are computed by every block whose chunk holds pos, together with its q by
 // head_norm_rope_pair (each value bit-identical to the prefill kernel's head_norm_rope_values), and used from shared
 // memory; the first q head of each kv group writes them to the caches. The position comes from device memory

@@ -64,89 +64,200 @@ gemm_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_
     }
 }
 
-// Prefill of a few tokens (the request suffix after a cached catalog prefix): C[m, n] as gemm_bf16 computes
-// it, but shaped like the decode GEMV, which streams the weights once for up to GEMM_SKINNY_T tokens instead of
-// walking 64x64 tiles. Block (tg, rb): tokens tg*T .. tg*T+T-1 staged in shared memory (zeros past M), row groups
-// rb, rb + gridDim.y, ... of 8 rows, one warp per row; lane l reads 16-byte chunks l, l + 32, ... in ascending
-// order into T fp32 accumulators (gemv_fma_chunk's order), then each token's warp butterfly. A row's result
-// depends neither on the grid nor on the other tokens of its group. Dynamic shared memory T * K * 4 bytes.
-#define GEMM_SKINNY_T 8
+// Prefill GEMM on the tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation): C as gemm_bf16 defines it,
+// for any M, bound by the weight stream and the tensor cores rather than by fp32 FMAs.
+//
+// Precision: each fp32 input is split into two bf16 terms, hi = bf16(a) and lo = bf16(a - hi) (a - hi is exact), and
+// the weights are bf16 already, so hi * w and lo * w are exact products and a is carried to about 16 significant
+// bits (relative error about 2^-17), against 8 for a plain bf16 cast; the sums are the tensor core's fp32 sums.
+//
+// Layout: block (tg, rb) stages tokens tg * T .. tg * T + T - 1 (zeros past M) in shared memory as hi and lo rows,
+// then takes row groups rb, rb + gridDim.y, ... of 64 output rows. Warp w owns half w % 2 of a group's rows (four
+// n8 tiles, so each A fragment read from shared memory feeds four tiles) and quarter w / 2 of K's 32-column steps
+// (ceil(steps / 4) consecutive steps each, so a warp streams its rows contiguously). In a step lane (gid, tig) = (lane / 4, lane % 4) loads 16 bytes of each tile's weight row gid, columns
+// 32 s + 8 tig .. + 7, which feed two k16 mmas: the mma's logical k = 2 tig + e and 8 + 2 tig + e (e = 0, 1) stand
+// for columns 32 s + 8 tig + 4 h + e and + 2 + e in the h-th of them. The same map holds for A's fragments, so
+// every column is summed once. A group's four K-quarters are then added in ascending order through shared memory.
+// Weights are requested GMMA_BATCH steps ahead, across row groups, the first batch before the wait.
+// Deterministic: an output element is a fixed sum of four chains of mmas in ascending steps, whatever the grid; and
+// an mma's row does not depend on the other rows of its tile, so a token's results do not depend on the tokens
+// beside it (prefill chunks give the same bits). Requires K % 32 == 0. Dynamic shared memory: gemm_mma_shared().
+#define GMMA_ROWS 64         // output rows of a row group
+#define GMMA_TILES 4         // n8 tiles a warp owns: half of a group's rows
+#define GMMA_KSPLIT 4        // warps that share a row half, each taking every fourth step of K
+#define GMMA_BATCH 4         // steps of weights a lane keeps in flight (GMMA_TILES loads of 16 bytes each)
+#define GMMA_RED_STRIDE 68   // floats per token row of the K-quarter partials (64 rows + 4: no bank conflicts)
 
-// A row's first SKINNY_PREFETCH chunks for lane l (chunks l + 32 i), loaded through the cache (the other token
-// groups' blocks read the same rows), ahead of their use. Half the decode GEMV's depth: the block also holds the
-// next row's and a batch past these in registers, at two blocks per SM.
-#define SKINNY_PREFETCH 4
-struct SkinnyPrefetch {
-    uint4 w[SKINNY_PREFETCH];
-};
+// Row stride of the staged tokens, in bf16: K rounded so that it is 32 more than a multiple of 64, which puts the
+// two rows that a quarter warp reads together in different halves of the banks.
+__host__ __device__ __forceinline__ int gemm_mma_stride(int K) { return K + (96 - K % 64) % 64; }
 
-__device__ __forceinline__ SkinnyPrefetch skinny_prefetch(const uint4* __restrict__ wrow, int chunks, int lane) {
-    SkinnyPrefetch pf;
+// Two fp32 values rounded to bf16 (round to nearest even), packed with x0 in the low half.
+__device__ __forceinline__ uint32_t pack_bf16x2(float x0, float x1) {
+    uint32_t d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(x1), "f"(x0));
+    return d;
+}
+
+// hi and lo terms of 8 consecutive fp32 inputs, as 8 packed bf16 each.
+__device__ __forceinline__ void split_bf16x8(const float4& a, const float4& b, uint4& hi, uint4& lo) {
+    const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    uint32_t h[4], l[4];
 #pragma unroll
-    for (int i = 0; i < SKINNY_PREFETCH; ++i) {
-        const int c = lane + i * TT_WARP;
-        pf.w[i] = c < chunks ? __ldg(wrow + c) : make_uint4(0u, 0u, 0u, 0u);
+    for (int i = 0; i < 4; ++i) {
+        h[i] = pack_bf16x2(x[2 * i], x[2 * i + 1]);
+        float h0, h1;
+        bf16x2_to_float(h[i], h0, h1);
+        l[i] = pack_bf16x2(x[2 * i] - h0, x[2 * i + 1] - h1);
     }
-    return pf;
+    hi = make_uint4(h[0], h[1], h[2], h[3]);
+    lo = make_uint4(l[0], l[1], l[2], l[3]);
 }
 
-// acc[t] += the row's products with token t's staged input over the lane's chunks l, l + 32, ... in ascending
-// order (gemv_fma_chunk's order, as gemv_row_dot_from): the prefetched chunks, then batches of GEMV_BATCH, each
-// batch requested before the one ahead of it is used.
-__device__ __forceinline__ void skinny_row_dot(float (&acc)[GEMM_SKINNY_T], const SkinnyPrefetch& pf,
-                                               const uint4* __restrict__ wrow, const float4* __restrict__ xs4_t,
-                                               int k4, int chunks, int lane) {
-    gemv_batched_chunks<false>(pf.w, wrow, lane, TT_WARP, chunks, [&](int ci, const uint4& w) {
+// d += a (16 x 16, row) * b (16 x 8, col), bf16 operands, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Stages tokens t0 .. t0 + T - 1 of A (zeros past M) as hi rows at As and lo rows at As + T * ld, then synchronises.
+template <int T>
+__device__ __forceinline__ void gemm_mma_stage(bf16_t* As, const float* __restrict__ A, int t0, int M, int K, int ld) {
+    const int c8 = K / 8, n = T * c8;
+    for (int base = threadIdx.x; base < n; base += 4 * blockDim.x) {
+        float4 v[4][2];
 #pragma unroll
-        for (int t = 0; t < GEMM_SKINNY_T; ++t)
-            acc[t] = gemv_fma_chunk(acc[t], w, xs4_t[t * k4 + 2 * ci], xs4_t[t * k4 + 2 * ci + 1]);
-    });
-}
-
-// The block's first row's weights are requested before the wait, and each next row's while the current one is
-// reduced, as in the decode GEMV, so the weight stream is not one dependent round trip after another.
-#ifndef SKINNY_MIN_BLOCKS
-#define SKINNY_MIN_BLOCKS 2  // resident blocks per SM asked of ptxas (it then keeps to 128 registers)
-#endif
-extern "C" __global__ void __launch_bounds__(256, SKINNY_MIN_BLOCKS)
-gemm_skinny_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
-                 const float* residual, float* C, int M, int N, int K) {
-    extern __shared__ float4 xs4_t[];
-    const int k4 = K / 4, t0 = blockIdx.x * GEMM_SKINNY_T, nt = min(GEMM_SKINNY_T, M - t0);
-    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, chunks = K / 8;
-    const int groups = (N + GEMV_WARPS - 1) / GEMV_WARPS;
-    int g = blockIdx.y, n = g * GEMV_WARPS + warp;
-    SkinnyPrefetch pf =
-        skinny_prefetch(reinterpret_cast<const uint4*>(W + (size_t)min(n, N - 1) * K), n < N ? chunks : 0, lane);
-    pdl_enter();  // only weights were read so far
-    const float4* a4 = reinterpret_cast<const float4*>(A + (size_t)t0 * K);
-    for (int e = threadIdx.x; e < GEMM_SKINNY_T * k4; e += blockDim.x)
-        xs4_t[e] = e < nt * k4 ? a4[e] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int i = 0; i < 4; ++i) {  // every load of the round before any use
+            const int e = base + i * blockDim.x, r = e / c8, c = e % c8;
+            const bool live = e < n && t0 + r < M;
+            const float4* src = reinterpret_cast<const float4*>(A + (size_t)(t0 + r) * K + c * 8);
+            v[i][0] = live ? src[0] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[i][1] = live ? src[1] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int e = base + i * blockDim.x, r = e / c8, c = e % c8;
+            if (e >= n) continue;
+            uint4 hi, lo;
+            split_bf16x8(v[i][0], v[i][1], hi, lo);
+            *reinterpret_cast<uint4*>(As + (size_t)r * ld + c * 8) = hi;
+            *reinterpret_cast<uint4*>(As + (size_t)(T + r) * ld + c * 8) = lo;
+        }
+    }
     __syncthreads();
-    for (; g < groups; g += gridDim.y) {  // no barrier inside: warps whose row is past N skip the work
-        const int n_next = (g + gridDim.y) * GEMV_WARPS + warp;
-        const SkinnyPrefetch pf_next =
-            skinny_prefetch(reinterpret_cast<const uint4*>(W + (size_t)min(n_next, N - 1) * K), n_next < N ? chunks : 0,
-                            lane);
-        if (n < N) {
-            const uint4* wrow = reinterpret_cast<const uint4*>(W + (size_t)n * K);
-            float acc[GEMM_SKINNY_T];
+}
+
+template <int T>
+__device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16_t* __restrict__ W,
+                                         const bf16_t* __restrict__ bias, const float* residual, float* C, int M, int N,
+                                         int K) {
+    static_assert(T == 8 || T == 16, "a block stages one m16 tile of tokens, or its top half");
+    static_assert(GMMA_TILES * 8 * 2 == GMMA_ROWS && 2 * GMMA_KSPLIT == 8, "eight warps: two row halves, four K-quarters");
+    extern __shared__ __align__(16) unsigned char gmma_smem[];
+    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, gid = lane / 4, tig = lane % 4;
+    const int half = warp % 2, quarter = warp / 2;
+    const int ld = gemm_mma_stride(K), t0 = blockIdx.x * T;
+    bf16_t* As = reinterpret_cast<bf16_t*>(gmma_smem);
+    float* red = reinterpret_cast<float*>(gmma_smem + (size_t)2 * T * ld * sizeof(bf16_t));  // [quarter][T][stride]
+    const int steps = K / 32;
+    const int quarter_steps = (steps + GMMA_KSPLIT - 1) / GMMA_KSPLIT, first_step = quarter * quarter_steps;
+    const int my_steps = max(0, min(quarter_steps, steps - first_step));  // steps first_step .. + my_steps - 1
+    const int batches = (quarter_steps + GMMA_BATCH - 1) / GMMA_BATCH;  // the same in every warp
+    const int groups = (N + GMMA_ROWS - 1) / GMMA_ROWS;
+    const int my_groups = (int)blockIdx.y < groups ? (groups - 1 - (int)blockIdx.y) / gridDim.y + 1 : 0;
+    const int total = my_groups * batches;  // this warp's weight batches: (row group, batch) in order
+    auto group_of = [&](int i) { return (int)blockIdx.y + (i / batches) * (int)gridDim.y; };
+    // Batch i: this warp's steps j = b * GMMA_BATCH .. of its tiles' rows gid in group group_of(i).
+    auto load = [&](int i, uint4 (&w)[GMMA_BATCH][GMMA_TILES]) {
+        const int b = i % batches, row0 = group_of(i) * GMMA_ROWS + half * (GMMA_ROWS / 2) + gid;
 #pragma unroll
-            for (int t = 0; t < GEMM_SKINNY_T; ++t) acc[t] = 0.0f;
-            skinny_row_dot(acc, pf, wrow, xs4_t, k4, chunks, lane);
+        for (int r = 0; r < GMMA_TILES; ++r) {
+            const uint4* wrow = reinterpret_cast<const uint4*>(W + (size_t)min(row0 + r * 8, N - 1) * K) + tig;
 #pragma unroll
-            for (int t = 0; t < GEMM_SKINNY_T; ++t) {
-                const float sum = warp_sum(acc[t]);
-                if (lane == 0 && t < nt) {
-                    float out = sum;
-                    if (bias) out += bf16_to_float(bias[n]);
-                    const size_t o = (size_t)(t0 + t) * N + n;
-                    if (residual) out += residual[o];
-                    C[o] = out;
-                }
+            for (int j = 0; j < GMMA_BATCH; ++j) {
+                const int jj = b * GMMA_BATCH + j;
+                w[j][r] = i < total && jj < my_steps ? __ldg(wrow + (first_step + jj) * 4) : make_uint4(0u, 0u, 0u, 0u);
             }
         }
-        pf = pf_next;
-        n = n_next;
+    };
+    uint4 cur[GMMA_BATCH][GMMA_TILES];
+    load(0, cur);  // weights only: no kernel writes them
+    pdl_enter();
+    gemm_mma_stage<T>(As, A, t0, M, K, ld);
+    const bf16_t* hi_g = As + (size_t)gid * ld + tig * 8;  // this lane's A rows: gid (and gid + 8), hi then lo
+    const bf16_t* lo_g = As + (size_t)(T + gid) * ld + tig * 8;
+    float acc[GMMA_TILES][4] = {};
+    for (int i = 0; i < total; ++i) {
+        uint4 next[GMMA_BATCH][GMMA_TILES];
+        load(i + 1, next);
+        const int b = i % batches;
+#pragma unroll
+        for (int j = 0; j < GMMA_BATCH; ++j) {
+            const int jj = b * GMMA_BATCH + j;
+            if (jj >= my_steps) break;
+            const int col = (first_step + jj) * 32;
+            const uint4 h0 = *reinterpret_cast<const uint4*>(hi_g + col);
+            const uint4 l0 = *reinterpret_cast<const uint4*>(lo_g + col);
+            uint4 h8 = make_uint4(0u, 0u, 0u, 0u), l8 = h8;  // rows gid + 8: none when T == 8
+            if constexpr (T == 16) {
+                h8 = *reinterpret_cast<const uint4*>(hi_g + 8 * ld + col);
+                l8 = *reinterpret_cast<const uint4*>(lo_g + 8 * ld + col);
+            }
+#pragma unroll
+            for (int r = 0; r < GMMA_TILES; ++r) {
+                const uint4 w = cur[j][r];
+                mma_bf16_16816(acc[r], h0.x, h8.x, h0.y, h8.y, w.x, w.y);
+                mma_bf16_16816(acc[r], l0.x, l8.x, l0.y, l8.y, w.x, w.y);
+                mma_bf16_16816(acc[r], h0.z, h8.z, h0.w, h8.w, w.z, w.w);
+                mma_bf16_16816(acc[r], l0.z, l8.z, l0.w, l8.w, w.z, w.w);
+            }
+        }
+        if (b == batches - 1) {  // the group's K-quarter partials, then their sums in ascending quarter order
+#pragma unroll
+            for (int r = 0; r < GMMA_TILES; ++r)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int row = gid + (e / 2) * 8;
+                    if (row < T)
+                        red[(quarter * T + row) * GMMA_RED_STRIDE + half * 32 + r * 8 + tig * 2 + e % 2] = acc[r][e];
+                    acc[r][e] = 0.0f;
+                }
+            __syncthreads();
+            const int n0 = group_of(i) * GMMA_ROWS;
+            for (int idx = threadIdx.x; idx < T * GMMA_ROWS; idx += blockDim.x) {
+                const int row = idx / GMMA_ROWS, c = idx % GMMA_ROWS, t = t0 + row, col = n0 + c;
+                if (t < M && col < N) {
+                    float v = red[row * GMMA_RED_STRIDE + c];
+#pragma unroll
+                    for (int q = 1; q < GMMA_KSPLIT; ++q) v += red[(q * T + row) * GMMA_RED_STRIDE + c];
+                    if (bias) v += bf16_to_float(bias[col]);
+                    const size_t o = (size_t)t * N + col;
+                    if (residual) v += residual[o];
+                    C[o] = v;
+                }
+            }
+            __syncthreads();  // red is written again by the next group
+        }
+#pragma unroll
+        for (int j = 0; j < GMMA_BATCH; ++j)
+#pragma unroll
+            for (int r = 0; r < GMMA_TILES; ++r) cur[j][r] = next[j][r];
     }
+}
+
+// Blocks of 16 tokens (the K of most rows); gemm_mma8_bf16 stages 8, for rows too wide for 16 (an MLP down row).
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_mma16_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
+                const float* residual, float* C, int M, int N, int K) {
+    gemm_mma<16>(A, W, bias, residual, C, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_mma8_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
+               const float* residual, float* C, int M, int N, int K) {
+    gemm_mma<8>(A, W, bias, residual, C, M, N, K);
 }

@@ -58,7 +58,7 @@ def load_module(pdl: bool | None = None) -> Module:
     return Module(path, pdl=pdl)
 
 
-CLUSTER_ATTENTION_ENV = "TOOLTRIE_CLUSTER_ATTENTION"  # 1: attention_decode_cluster for short requests
+CLUSTER_ATTENTION_ENV = "TOOLTRIE_CLUSTER_ATTENTION"  # 0: attention_decode for every request
 
 
 class _Cancelled(Exception):
@@ -71,9 +71,8 @@ class CudaEngine(Engine):
     ``decode_kernel``: the forward step's form, as ``CudaModel`` takes it ('layers' or 'persistent'; default
     $TOOLTRIE_DECODE_KERNEL, else 'layers'). ``cluster_attention``: run a request's decode attention as
     attention_decode_cluster when its prompt and longest answer stay within CLUSTER_ATTENTION_POSITIONS (the same
-    bits; a prototype measured about 40 µs per token faster there on an H200, and slower past it,
-    docs/cuda-speed-notes.md #65). Opt-in (default $TOOLTRIE_CLUSTER_ATTENTION, else off) until a GPU run of this
-    kernel, gate 10 of the GPU tests included, confirms it."""
+    bits, gate 10; on an H200 35 µs per token faster there and slower past it, docs/cuda-speed-notes.md #65-#66).
+    Default $TOOLTRIE_CLUSTER_ATTENTION, else on."""
 
     name = "cuda"
 
@@ -98,7 +97,7 @@ class CudaEngine(Engine):
             raise ValueError(f"unknown loop {loop!r}; accepted: {', '.join(LOOPS)}")
         self.head, self.loop, self.trie_placement = head, loop, trie_placement
         if cluster_attention is None:
-            cluster_attention = env_int(CLUSTER_ATTENTION_ENV, 0, 0, 1) == 1
+            cluster_attention = env_int(CLUSTER_ATTENTION_ENV, 1, 0, 1) == 1
         self.cluster_attention = cluster_attention
         self.module = module or load_module()  # one module per engine: its constant bank is this engine's
         self.model = CudaModel(

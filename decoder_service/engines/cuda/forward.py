@@ -48,8 +48,11 @@ GSTREAM_SWIGLU_BLOCKS_PER_SM = 3  # gate|up (a gate and an up piece per group): 
 GSTREAM_MIN_STAGES = 2  # a ring below which a GEMV takes fewer blocks per SM
 SM_RESERVED_SHARED = 1024  # shared memory the hardware keeps per resident block
 GEMM_TILE = 64  # GEMM_BM == GEMM_BN in cuda/gemm.cuh
-SKINNY_TOKENS = 8  # GEMM_SKINNY_T: tokens per block of the skinny prefill kernel (cuda/gemm.cuh)
-SKINNY_MAX_TOKENS = 64  # prefills of at most this many tokens use it (request suffixes); longer ones, the tiled GEMM
+# Prefill GEMMs run on the tensor cores (cuda/gemm.cuh, gemm_mma16_bf16 / gemm_mma8_bf16): a block stages 16 tokens
+# (8 where 16 rows of its input do not fit shared memory) and takes row groups of 64 output rows; one block per SM.
+GEMM_MMA_ROWS = 64
+GEMM_MMA_TOKENS = (16, 8)
+GEMM_MMA_RED_STRIDE = 68
 ATTN_THREADS = 256
 ATTN_CHUNK = 32  # positions per partial of the decode attention (cuda/attention_decode.cuh)
 ATTN_SPLIT_BLOCKS = 24  # blocks per head of the decode attention; each takes every 24th chunk (three fit an SM)
@@ -66,6 +69,21 @@ GEMV_IN_PLAIN, GEMV_IN_RMSNORM = 0, 1  # input transforms of cuda/gemv.cuh
 # and their suffixes have a few dozen lengths, so the same lists recur; building one (~250 launches) took 2-3.6 ms
 # of host time on an H200 machine's CPU (bench/gpu_forward.py's prefill study).
 PREFILL_LISTS_KEPT = 64
+
+
+def gemm_mma_shared(tokens: int, k_in: int) -> int:
+    """Dynamic shared memory of a tensor-core prefill GEMM block (cuda/gemm.cuh): its tokens' hi and lo bf16 rows,
+    each padded to gemm_mma_stride, then a row group's four K-quarter partials (GMMA_RED_STRIDE floats a token)."""
+    stride = k_in + (96 - k_in % 64) % 64
+    return 2 * tokens * stride * 2 + 4 * tokens * GEMM_MMA_RED_STRIDE * F32
+
+
+def gemm_mma_tokens(k_in: int) -> int:
+    """Tokens a tensor-core prefill GEMM block stages for inputs k_in wide: 16, or 8 where 16 rows do not fit shared
+    memory; 0 where the kernel does not apply (k_in not a multiple of 32, or 8 rows too wide)."""
+    if k_in % 32:
+        return 0
+    return next((t for t in GEMM_MMA_TOKENS if gemm_mma_shared(t, k_in) <= MAX_SHARED_PER_BLOCK), 0)
 
 
 def attention_blocks_per_head(max_chunks: int, cluster: bool = False) -> int:
@@ -240,9 +258,15 @@ class CudaModel:
                 module.kernel(name).set_max_dynamic_shared(stream_shared)
         for name in ("gemv_stream_bf16", "gemv_stream_swiglu_bf16", "attention_decode", "attention_decode_cluster"):
             module.kernel(name).prefer_max_shared()
-        skinny_shared = SKINNY_TOKENS * max(c.hidden_size, self.q_width, c.intermediate_size) * F32
-        if DEFAULT_SHARED_LIMIT < skinny_shared <= MAX_SHARED_PER_BLOCK:
-            module.kernel("gemm_skinny_bf16").set_max_dynamic_shared(skinny_shared)
+        self.sms = sms
+        for tokens in GEMM_MMA_TOKENS:
+            mma_shared = [
+                gemm_mma_shared(tokens, k)
+                for k in (c.hidden_size, self.q_width, c.intermediate_size)
+                if gemm_mma_tokens(k) == tokens
+            ]
+            if mma_shared and max(mma_shared) > DEFAULT_SHARED_LIMIT:
+                module.kernel(f"gemm_mma{tokens}_bf16").set_max_dynamic_shared(max(mma_shared))
         # The decode step: one launch list of kernels per layer, or every layer in one persistent kernel; both give
         # the same bits.
         self.decode_kernel = decode_kernel_choice(config, self.max_chunks, decode_kernel)
@@ -576,8 +600,8 @@ class CudaModel:
         )
 
     def _gemm(self, w: int, x: int, bias: int, residual: int, y: int, m: int, n_out: int, k_in: int) -> Launch:
-        """y[m, n_out] = x[m, k_in] @ W.T (+ bias) (+ residual) for prefill: a few tokens (a request suffix) with
-        the skinny kernel that streams the weights once per 8 tokens, more with the tiled GEMM."""
+        """y[m, n_out] = x[m, k_in] @ W.T (+ bias) (+ residual) for prefill: on the tensor cores (16 or 8 tokens a
+        block, as many blocks as SMs), or with the tiled fp32 GEMM for inputs they do not take."""
         args: list[tuple[str, int | float]] = [
             ("ptr", x),
             ("ptr", w),
@@ -588,12 +612,13 @@ class CudaModel:
             ("i32", n_out),
             ("i32", k_in),
         ]
-        if m <= SKINNY_MAX_TOKENS and SKINNY_TOKENS * k_in * F32 <= MAX_SHARED_PER_BLOCK:
-            token_groups = -(-m // SKINNY_TOKENS)
-            row_groups = -(-n_out // GEMV_WARPS)
-            grid = (token_groups, min(row_groups, max(1, GEMV_MAX_BLOCKS // token_groups)), 1)
-            skinny = self.module.kernel("gemm_skinny_bf16")
-            return Launch(skinny, grid, (THREADS, 1, 1), args, shared_bytes=SKINNY_TOKENS * k_in * F32)
+        tokens = gemm_mma_tokens(k_in)
+        if tokens:
+            token_groups = -(-m // tokens)
+            row_groups = -(-n_out // GEMM_MMA_ROWS)
+            grid = (token_groups, min(row_groups, max(1, self.sms // token_groups)), 1)
+            kernel = self.module.kernel(f"gemm_mma{tokens}_bf16")
+            return Launch(kernel, grid, (THREADS, 1, 1), args, shared_bytes=gemm_mma_shared(tokens, k_in))
         grid = (-(-n_out // GEMM_TILE), -(-m // GEMM_TILE), 1)
         return Launch(self.module.kernel("gemm_bf16"), grid, (THREADS, 1, 1), args)
 

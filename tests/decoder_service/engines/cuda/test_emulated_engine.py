@@ -134,14 +134,14 @@ def test_cluster_attention_serves_the_requests_that_fit_it(fake_driver, tiny_mod
     answers = {}
     for limit, expected in ((10**6, "attention_decode_cluster"), (0, "attention_decode")):
         monkeypatch.setattr(engine_module, "CLUSTER_ATTENTION_POSITIONS", limit)
-        engine = CudaEngine(*tiny_model, loop=loop, module=Module(b"cubin"), max_context=512, cluster_attention=True)
+        engine = CudaEngine(*tiny_model, loop=loop, module=Module(b"cubin"), max_context=512)  # the default: on
         fake_driver.launches.clear()
         events = list(engine.decode(DecodeRequest("Read the config file", 2, tiny_catalog)))
         used = {name for name in fake_driver.launches if name.startswith("attention_decode")}
         assert used == {expected}
         answers[expected] = [e.name for e in events[:-1]]
         engine.free()
-    off = CudaEngine(*tiny_model, loop=loop, module=Module(b"cubin"), max_context=512)  # the default: off
+    off = CudaEngine(*tiny_model, loop=loop, module=Module(b"cubin"), max_context=512, cluster_attention=False)
     monkeypatch.setattr(engine_module, "CLUSTER_ATTENTION_POSITIONS", 10**6)
     fake_driver.launches.clear()
     assert [e.name for e in list(off.decode(DecodeRequest("Read the config file", 2, tiny_catalog)))[:-1]] == answers[
@@ -156,8 +156,11 @@ def test_cluster_attention_switch_comes_from_the_environment(fake_driver, tiny_m
     from decoder_service.engines.cuda.engine import CLUSTER_ATTENTION_ENV, CudaEngine
     from decoder_service.engines.cuda.module import Module
 
-    for value, expected in (("1", True), ("0", False), ("", False)):
-        monkeypatch.setenv(CLUSTER_ATTENTION_ENV, value)
+    for value, expected in (("1", True), ("0", False), ("", True), (None, True)):
+        if value is None:
+            monkeypatch.delenv(CLUSTER_ATTENTION_ENV, raising=False)
+        else:
+            monkeypatch.setenv(CLUSTER_ATTENTION_ENV, value)
         engine = CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=512)
         assert engine.cluster_attention is expected
         engine.free()

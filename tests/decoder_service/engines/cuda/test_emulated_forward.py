@@ -5,6 +5,7 @@ host loop. The kernels' arithmetic itself is checked on the GPU (test_kernels_gp
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import pytest
@@ -53,8 +54,8 @@ def test_emulated_model_matches_transformers(fake_driver: FakeDriver, shape: str
     report = compare_greedy(model, hf_model, prompt, new_tokens=4)
     assert report["rel_err"] <= 1e-4, report
     assert report["token_mismatches"] == 0, report
-    # 13 prompt tokens in chunks of 8 take two prefills; both are short enough for the skinny kernel.
-    assert fake_driver.launches.count("gemm_skinny_bf16") == 2 * 4 * cfg.num_layers
+    # 13 prompt tokens in chunks of 8 take two prefills, whose GEMMs run on the tensor cores, 16 tokens a block.
+    assert fake_driver.launches.count("gemm_mma16_bf16") == 2 * 4 * cfg.num_layers
     assert fake_driver.launches.count("gemm_bf16") == 0
     steps = 3
     if decode_kernel == "layers":
@@ -72,19 +73,54 @@ def test_emulated_model_matches_transformers(fake_driver: FakeDriver, shape: str
     assert model.length == 13 + steps
 
 
-def test_long_prefill_uses_the_tiled_gemm(fake_driver: FakeDriver) -> None:
-    from decoder_service.engines.cuda.forward import SKINNY_MAX_TOKENS, CudaModel
+def test_long_prefill_runs_on_the_tensor_cores(fake_driver: FakeDriver) -> None:
+    from decoder_service.engines.cuda.forward import CudaModel
     from decoder_service.engines.cuda.module import Module
 
     cfg = SHAPES["tiny-qwen3"]
     hf_model, weights = build_reference(cfg, seed=7)
     model = CudaModel(cfg, weights, Module(b"cubin"), max_context=128, max_prefill=128)
-    prompt = [(5 * i * i + 7 * i + 3) % cfg.vocab_size for i in range(SKINNY_MAX_TOKENS + 6)]
+    prompt = [(5 * i * i + 7 * i + 3) % cfg.vocab_size for i in range(70)]
     report = compare_greedy(model, hf_model, prompt, new_tokens=2)
     assert report["rel_err"] <= 1e-4, report
     assert report["token_mismatches"] == 0, report
-    assert fake_driver.launches.count("gemm_bf16") == 4 * cfg.num_layers
-    assert fake_driver.launches.count("gemm_skinny_bf16") == 0
+    assert fake_driver.launches.count("gemm_mma16_bf16") == 4 * cfg.num_layers
+    assert fake_driver.launches.count("gemm_bf16") == 0
+
+
+def test_inputs_the_tensor_cores_do_not_take_use_the_tiled_gemm(fake_driver: FakeDriver) -> None:
+    """Rows 200 and 400 wide (not multiples of 32) take the tiled fp32 GEMM; the attention output (4 heads of 64)
+    still takes the tensor cores."""
+    from decoder_service.engines.cuda.forward import CudaModel
+    from decoder_service.engines.cuda.module import Module
+
+    cfg = dataclasses.replace(SHAPES["tiny-qwen3"], hidden_size=200, intermediate_size=400)
+    hf_model, weights = build_reference(cfg, seed=7)
+    model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=16)
+    report = compare_greedy(model, hf_model, [(7 * i + 3) % cfg.vocab_size for i in range(13)], new_tokens=2)
+    assert report["rel_err"] <= 1e-4, report
+    assert report["token_mismatches"] == 0, report
+    assert fake_driver.launches.count("gemm_bf16") == 3 * cfg.num_layers  # qkv, gate|up, down
+    assert fake_driver.launches.count("gemm_mma16_bf16") == cfg.num_layers  # o
+
+
+@pytest.mark.parametrize(
+    ("k_in", "tokens", "shared"),
+    [
+        (64, 16, 2 * 16 * 96 * 2 + 4 * 16 * 68 * 4),
+        (2048, 16, 2 * 16 * 2080 * 2 + 4 * 16 * 68 * 4),
+        (6144, 8, 2 * 8 * 6176 * 2 + 4 * 8 * 68 * 4),
+        (200, 0, 0),
+        (16384, 0, 0),
+    ],
+)
+def test_tensor_core_gemm_tokens_per_block(k_in: int, tokens: int, shared: int) -> None:
+    """16 tokens a block where their hi and lo rows fit shared memory, else 8, else none (the tiled GEMM)."""
+    from decoder_service.engines.cuda.forward import MAX_SHARED_PER_BLOCK, gemm_mma_shared, gemm_mma_tokens
+
+    assert gemm_mma_tokens(k_in) == tokens
+    if tokens:
+        assert gemm_mma_shared(tokens, k_in) == shared <= MAX_SHARED_PER_BLOCK
 
 
 def test_repeated_prefill_reuses_its_launch_list(fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:

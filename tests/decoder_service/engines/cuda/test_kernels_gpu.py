@@ -350,7 +350,7 @@ def test_gemv_stream_equals_gemv(
 
 
 def _gemm_args(x, w, bias, residual, out, m: int, n_out: int, k_in: int) -> list[tuple[str, int | float]]:
-    """The argument list gemm_bf16 and gemm_skinny_bf16 share."""
+    """The argument list of gemm_bf16 and the tensor-core GEMMs."""
     pointers = [("ptr", buf.ptr) for buf in (x, w, bias, residual, out)]
     return [*pointers, ("i32", m), ("i32", n_out), ("i32", k_in)]
 
@@ -371,38 +371,56 @@ def test_gemm(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_in: i
     check(f"gemm/{m}x{n_out}x{k_in}", dev.get(out, F32, (m, n_out)), ref.linear(x, w, b, r))
 
 
-@pytest.mark.parametrize(("m", "n_out", "k_in"), [(1, 130, 200), (13, 2048, 576), (64, 520, 6144), (8, 33, 64)])
-def test_gemm_skinny(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_in: int) -> None:
-    """The few-token prefill kernel against float64; any grid gives the same bits, and each token's row has the
-    bits of the decode GEMV (one warp per row) on that token alone."""
+# The tensor-core GEMM carries each fp32 input as two bf16 terms (about 16 significant bits): its error must stay far
+# below a plain bf16 cast's (about 3e-3 on these inputs), which the general bound would let pass.
+MMA_TOL = 1e-4
+
+
+@pytest.mark.parametrize(
+    ("m", "n_out", "k_in"), [(1, 130, 224), (13, 2048, 576), (37, 520, 6144), (70, 200, 2048), (16, 33, 64)]
+)
+def test_gemm_mma(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_in: int) -> None:
+    """The tensor-core prefill GEMM against float64; any grid gives the same bits, and so does a token run alone
+    (its results do not depend on the tokens staged beside it)."""
+    from decoder_service.engines.cuda.forward import gemm_mma_shared, gemm_mma_tokens
+
+    tokens = gemm_mma_tokens(k_in)
+    kernel, shared = f"gemm_mma{tokens}_bf16", gemm_mma_shared(tokens, k_in)
+    if shared > 48 * 1024:
+        dev.module.kernel(kernel).set_max_dynamic_shared(shared)
     wbits, w = bf16_random(rng, (n_out, k_in), 0.05)
     bbits, b = bf16_random(rng, n_out, 0.5)
     x = rng.standard_normal((m, k_in)).astype(F32)
     r = rng.standard_normal((m, n_out)).astype(F32)
     wb, xb, bb, rb = dev.put(wbits), dev.put(x), dev.put(bbits), dev.put(r)
-    shared = 8 * 4 * k_in
-    if shared > 48 * 1024:
-        dev.module.kernel("gemm_skinny_bf16").set_max_dynamic_shared(shared)
+    groups = -(-n_out // 64)
     outs = []
-    for row_blocks in (-(-n_out // 8), 3):
+    for row_blocks in (groups, max(1, groups // 3)):
         out = dev.poisoned(m * n_out)
         dev.launch(
-            "gemm_skinny_bf16",
-            (-(-m // 8), row_blocks, 1),
+            kernel,
+            (-(-m // tokens), row_blocks, 1),
             (256, 1, 1),
             _gemm_args(xb, wb, bb, rb, out, m, n_out, k_in),
-            shared=shared,
+            shared,
         )
         outs.append(dev.get(out, F32, (m, n_out)))
-    check(f"gemm_skinny/{m}x{n_out}x{k_in}", outs[0], ref.linear(x, w, b, r))
+    expected = ref.linear(x, w, b, r)
+    check(f"gemm_mma{tokens}/{m}x{n_out}x{k_in}", outs[0], expected)
+    err = float(np.linalg.norm(outs[0] - expected) / np.linalg.norm(expected))
+    assert err <= MMA_TOL, f"relative error {err:.2e}: the inputs' low bf16 terms are not in the sums"
     assert np.array_equal(outs[0], outs[1])
-    t = m - 1  # the last token, alone, through the decode GEMV
-    y = dev.put(r[t].copy())
-    if 4 * k_in > 48 * 1024:
-        dev.module.kernel("gemv_bf16").set_max_dynamic_shared(4 * k_in)
-    gemv_launch(dev, -(-n_out // 8), 1, wb, dev.put(x[t].copy()), None, 0, 1e-6, bb, y, y, n_out, k_in, 1)
-    same = np.array_equal(dev.get(y, F32, n_out), outs[0][t])
-    record("kernel", f"gemm_skinny/equals-decode-gemv/{m}x{n_out}x{k_in}", exact=same)
+    t = m - 1  # the last token, alone
+    alone = dev.poisoned(n_out)
+    dev.launch(
+        kernel,
+        (1, groups, 1),
+        (256, 1, 1),
+        _gemm_args(dev.put(x[t].copy()), wb, bb, dev.put(r[t].copy()), alone, 1, n_out, k_in),
+        shared,
+    )
+    same = np.array_equal(dev.get(alone, F32, n_out), outs[0][t])
+    record("kernel", f"gemm_mma{tokens}/token-alone-bit-identical/{m}x{n_out}x{k_in}", exact=same)
     assert same
 
 

@@ -1,5 +1,6 @@
 """The host's view of the grammar step's memory (control block, published output, error codes, decode attention
-chunking) against the macros of the CUDA sources, and the trie's placement rule. No GPU needed."""
+chunking, the tensor-core GEMM's layout) against the macros of the CUDA sources, and the trie's placement rule. No
+GPU needed."""
 
 from __future__ import annotations
 
@@ -40,6 +41,12 @@ def test_control_block_and_output_match_the_kernel_header() -> None:
 def test_decode_attention_chunk_and_cluster_match_the_kernel() -> None:
     macros = _macros("attention_decode.cuh")
     assert (macros["ATTN_CHUNK"], macros["ATTN_CLUSTER"]) == (forward.ATTN_CHUNK, forward.ATTN_CLUSTER)
+
+
+def test_tensor_core_gemm_layout_matches_the_kernel() -> None:
+    macros = _macros("gemm.cuh")
+    assert (macros["GMMA_ROWS"], macros["GMMA_RED_STRIDE"]) == (forward.GEMM_MMA_ROWS, forward.GEMM_MMA_RED_STRIDE)
+    assert macros["GMMA_KSPLIT"] == 4  # gemm_mma_shared's four K-quarter partials
 
 
 @pytest.mark.parametrize(
