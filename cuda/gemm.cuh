@@ -1,7 +1,9 @@
 // Prefill GEMM: C[m, n] = sum_k A[m, k] * W[n, k] (+ bias[n]) (+ residual[m, n]).
-// A fp32 [M, K] (token rows), W bf16 [N, K], C fp32 [M, N]. Classic shared-memory tiling: a 64x64 output
-// tile per block of 256 threads, each thread owning a 4x4 patch, K walked in steps of 16. Every output is
-// summed by one thread in ascending k, so results are deterministic. Any M, N, K (edges are zero-filled).
+// A fp32 [M, K] (token rows), W bf16 [N, K], C fp32 [M, N]. Prefill runs the tensor-core kernels below
+// (gemm_mma16_bf16, gemm_mma8_bf16); gemm_bf16 serves the shapes they do not take. It is classic shared-memory
+// tiling: a 64x64 output tile per block of 256 threads, each thread owning a 4x4 patch, K walked in steps of 16.
+// Every output is summed by one thread in ascending k, so results are deterministic. Any M, N, K (edges are
+// zero-filled).
 #pragma once
 #include "common.cuh"
 #include "gemv.cuh"
@@ -74,17 +76,18 @@ gemm_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_
 // Layout: block (tg, rb) stages tokens tg * T .. tg * T + T - 1 (zeros past M) in shared memory as hi and lo rows,
 // then takes row groups rb, rb + gridDim.y, ... of 64 output rows. Warp w owns half w % 2 of a group's rows (four
 // n8 tiles, so each A fragment read from shared memory feeds four tiles) and quarter w / 2 of K's 32-column steps
-// (ceil(steps / 4) consecutive steps each, so a warp streams its rows contiguously). In a step lane (gid, tig) = (lane / 4, lane % 4) loads 16 bytes of each tile's weight row gid, columns
-// 32 s + 8 tig .. + 7, which feed two k16 mmas: the mma's logical k = 2 tig + e and 8 + 2 tig + e (e = 0, 1) stand
-// for columns 32 s + 8 tig + 4 h + e and + 2 + e in the h-th of them. The same map holds for A's fragments, so
-// every column is summed once. A group's four K-quarters are then added in ascending order through shared memory.
+// (ceil(steps / 4) consecutive steps each, so a warp streams its rows contiguously). In step s lane (gid, tig) =
+// (lane / 4, lane % 4) loads 16 bytes of each tile's weight row gid, columns 32 s + 8 tig .. + 7, which feed two
+// k16 mmas: the mma's logical k = 2 tig + e and 8 + 2 tig + e (e = 0, 1) stand for columns 32 s + 8 tig + 4 h + e
+// and + 2 + e in the h-th of them. The same map holds for A's fragments, so every column is summed once. A group's
+// four K-quarters are then added in ascending order through shared memory.
 // Weights are requested GMMA_BATCH steps ahead, across row groups, the first batch before the wait.
 // Deterministic: an output element is a fixed sum of four chains of mmas in ascending steps, whatever the grid; and
 // an mma's row does not depend on the other rows of its tile, so a token's results do not depend on the tokens
 // beside it (prefill chunks give the same bits). Requires K % 32 == 0. Dynamic shared memory: gemm_mma_shared().
 #define GMMA_ROWS 64         // output rows of a row group
 #define GMMA_TILES 4         // n8 tiles a warp owns: half of a group's rows
-#define GMMA_KSPLIT 4        // warps that share a row half, each taking every fourth step of K
+#define GMMA_KSPLIT 4        // warps that share a row half, each taking a quarter of K's steps
 #define GMMA_BATCH 4         // steps of weights a lane keeps in flight (GMMA_TILES loads of 16 bytes each)
 #define GMMA_RED_STRIDE 68   // floats per token row of the K-quarter partials (64 rows + 4: no bank conflicts)
 
@@ -156,7 +159,8 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
                                          const bf16_t* __restrict__ bias, const float* residual, float* C, int M, int N,
                                          int K) {
     static_assert(T == 8 || T == 16, "a block stages one m16 tile of tokens, or its top half");
-    static_assert(GMMA_TILES * 8 * 2 == GMMA_ROWS && 2 * GMMA_KSPLIT == 8, "eight warps: two row halves, four K-quarters");
+    static_assert(GMMA_TILES * 8 * 2 == GMMA_ROWS && 2 * GMMA_KSPLIT == 8,
+                  "eight warps: two row halves, four K-quarters");
     extern __shared__ __align__(16) unsigned char gmma_smem[];
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, gid = lane / 4, tig = lane % 4;
     const int half = warp % 2, quarter = warp / 2;
