@@ -6,7 +6,6 @@
 // zero-filled).
 #pragma once
 #include "common.cuh"
-#include "gemv.cuh"
 
 #define GEMM_BM 64
 #define GEMM_BN 64

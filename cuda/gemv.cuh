@@ -164,30 +164,25 @@ __device__ __forceinline__ GemvPrefetch gemv_prefetch(const uint4* __restrict__ 
 
 #define GEMV_BATCH 4  // chunks per lane loaded together past the prefetched ones
 
-// Chunks c, c + step, ... (GEMV_BATCH of them; zeros past `chunks`) of a weight row, loaded together. STREAMING
-// marks them evict-first (decode reads each weight once per step); otherwise they go through the read-only path.
-template <bool STREAMING>
+// Chunks c, c + step, ... (GEMV_BATCH of them; zeros past `chunks`) of a weight row, loaded together and marked
+// evict-first (decode reads each weight once per step).
 __device__ __forceinline__ void gemv_load_batch(uint4 (&batch)[GEMV_BATCH], const uint4* __restrict__ wrow, int c,
                                                 int step, int chunks) {
 #pragma unroll
-    for (int i = 0; i < GEMV_BATCH; ++i) {
-        if constexpr (STREAMING)
-            batch[i] = c + i * step < chunks ? __ldcs(wrow + c + i * step) : make_uint4(0u, 0u, 0u, 0u);
-        else
-            batch[i] = c + i * step < chunks ? __ldg(wrow + c + i * step) : make_uint4(0u, 0u, 0u, 0u);
-    }
+    for (int i = 0; i < GEMV_BATCH; ++i)
+        batch[i] = c + i * step < chunks ? __ldcs(wrow + c + i * step) : make_uint4(0u, 0u, 0u, 0u);
 }
 
 // A lane's chunks first, first + step, ... below `chunks`, in ascending order: use(ci, w) for each. The first
 // PREFETCHED come from `pf` (loaded earlier into registers); the rest GEMV_BATCH at a time with the following batch
 // in flight while one is used. The first batch is requested before the prefetched chunks are used, so a row longer
 // than the prefetch (the MLP down projection) costs no extra round trip after the prefetch lands.
-template <bool STREAMING, int PREFETCHED, class Use>
+template <int PREFETCHED, class Use>
 __device__ __forceinline__ void gemv_batched_chunks(const uint4 (&pf)[PREFETCHED], const uint4* __restrict__ wrow,
                                                     int first, int step, int chunks, Use use) {
     int c = first + PREFETCHED * step;
     uint4 next[GEMV_BATCH];
-    gemv_load_batch<STREAMING>(next, wrow, c, step, chunks);
+    gemv_load_batch(next, wrow, c, step, chunks);
 #pragma unroll
     for (int i = 0; i < PREFETCHED; ++i) {
         const int cp = first + i * step;
@@ -198,7 +193,7 @@ __device__ __forceinline__ void gemv_batched_chunks(const uint4 (&pf)[PREFETCHED
 #pragma unroll
         for (int i = 0; i < GEMV_BATCH; ++i) cur[i] = next[i];
         const int c_next = c + GEMV_BATCH * step;
-        gemv_load_batch<STREAMING>(next, wrow, c_next, step, chunks);
+        gemv_load_batch(next, wrow, c_next, step, chunks);
 #pragma unroll
         for (int i = 0; i < GEMV_BATCH; ++i) {
             const int ci = c + i * step;
@@ -216,7 +211,7 @@ __device__ __forceinline__ float gemv_row_dot_from(const GemvPrefetch& pf, const
                                                    int warps_per_row) {
     float acc = 0.0f;
     const int chunks = K / 8, step = warps_per_row * TT_WARP, first = part * TT_WARP + lane;
-    gemv_batched_chunks<true>(pf.w, wrow, first, step, chunks, [&](int ci, const uint4& w) {
+    gemv_batched_chunks(pf.w, wrow, first, step, chunks, [&](int ci, const uint4& w) {
         acc = gemv_fma_chunk(acc, w, xs4[2 * ci], xs4[2 * ci + 1]);
     });
     return warp_sum(acc);
