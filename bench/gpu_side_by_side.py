@@ -68,7 +68,10 @@ SHAPES = {"qwen3-1.7b-shape": QWEN3_1_7B, "tiny-qwen3": PRESETS["tiny"]}
 WEIGHT_SEED = 5
 NAMES_SEED = 0
 CONTEXT_LENGTH = QWEN3_1_7B.max_position_embeddings  # the prompt budget defaults to a quarter of it
+# (loop, head), each with a forward pass after every token but the last: per-token time is a step's cost.
 ENGINE_VARIANTS = (("graph", "sparse"), ("graph", "dense"), ("host", "sparse"))
+# The product's default beside them: the answer's forced end taken without forward passes (the same answers).
+FORCED_TAIL = "graph/sparse/forced-tail"
 GOAL_MS_PER_TOKEN = 0.80
 GOAL_GAP_MS = 0.120
 GOAL_HF_RATIO = 5.0
@@ -203,13 +206,15 @@ def engine_variant(engine: Any, case: Case, k: int) -> dict[str, Any]:
     """Every intent once after a warm-up answer (graph capture; the prefix KV on a catalog's first call)."""
     key = case.catalog.cache_key
     _, warm, _ = _decode(engine, case, 0, k, key)
-    per_token, tokens, answers, first, prefill, prompt_tokens, streamed = [], [], [], [], [], [], []
+    per_token, per_pass, tokens, passes, answers, first, prefill, prompt_tokens, streamed = ([] for _ in range(9))
     for i in range(len(case.suffixes)):
         names, s, first_s = _decode(engine, case, i, k, key)
         streamed.append(engine.last_streamed / k)
         assert s.prefix_cached, "the prefix KV should be cached after the warm-up answer"
         per_token.append(s.decode_seconds / s.tokens_generated)
+        per_pass.append(s.decode_seconds / max(s.forward_passes, 1))
         tokens.append(s.tokens_generated)
+        passes.append(s.forward_passes)
         answers.append(names)
         first.append(first_s)
         prefill.append(s.prefill_seconds)
@@ -217,7 +222,9 @@ def engine_variant(engine: Any, case: Case, k: int) -> dict[str, Any]:
     return {
         "ms_per_token": 1e3 * statistics.median(per_token),
         "ms_per_token_min": 1e3 * min(per_token),
+        "ms_per_forward_pass": 1e3 * statistics.median(per_pass),
         "tokens": tokens,
+        "forward_passes": passes,
         "prompt_tokens": prompt_tokens,
         "answers": answers,
         "first_pointer_ms": 1e3 * statistics.median(first),
@@ -231,17 +238,27 @@ def engine_variant(engine: Any, case: Case, k: int) -> dict[str, Any]:
 def engine_catalog(engine: Any, case: Case, k: int, prefill_repeats: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for loop, head in ENGINE_VARIANTS:
-        engine.loop, engine.head = loop, head  # drivers are kept per (loop, head); the weights are uploaded once
+        # drivers are kept per (loop, head); the weights are uploaded once
+        engine.loop, engine.head, engine.forced_tail = loop, head, False
         out[f"{loop}/{head}"] = row = engine_variant(engine, case, k)
         print(
             f"  ours {case.name:10s} {loop:5s} {head:6s} {row['ms_per_token']:8.3f} ms/token, first pointer "
             f"{row['first_pointer_ms']:.2f} ms",
             flush=True,
         )
+    engine.loop, engine.head, engine.forced_tail = "graph", "sparse", True
+    out[FORCED_TAIL] = row = engine_variant(engine, case, k)
+    print(
+        f"  ours {case.name:10s} graph sparse, forced tail: {row['ms_per_token']:8.3f} ms/token, "
+        f"{row['ms_per_forward_pass']:.3f} ms/forward pass, {statistics.mean(row['forward_passes']):.1f} passes for "
+        f"{statistics.mean(row['tokens']):.1f} tokens",
+        flush=True,
+    )
     ref = out["graph/sparse"]
-    out["all_variants_same_answers"] = all(out[f"{lp}/{hd}"]["answers"] == ref["answers"] for lp, hd in ENGINE_VARIANTS)
+    out["all_variants_same_answers"] = all(
+        out[v]["answers"] == ref["answers"] for v in [*(f"{lp}/{hd}" for lp, hd in ENGINE_VARIANTS), FORCED_TAIL]
+    )
     # Prefill without the prefix KV: no cache key, so the prefix is computed on every call.
-    engine.loop, engine.head = "graph", "sparse"
     uncached = []
     for r in range(prefill_repeats):
         _, s, _ = _decode(engine, case, r % len(case.suffixes), k, None)
@@ -696,6 +713,17 @@ def catalog_rows(result: dict[str, Any], name: str) -> list[tuple[str, str, str]
         ):
             ms = eng[f"{loop}/{head}"]["ms_per_token"]
             rows.append((label, _ms(ms), _pct(fl.get(f"floor_ms_{head}"), ms)))
+        if FORCED_TAIL in eng:  # not a step's cost: no share of the floor
+            tail = eng[FORCED_TAIL]
+            rows.append(
+                (
+                    "ours, default: graph, sparse, forced tail without forward passes "
+                    f"({statistics.mean(tail['forward_passes']):.1f} passes / {statistics.mean(tail['tokens']):.1f}"
+                    " tokens)",
+                    _ms(tail["ms_per_token"]),
+                    "-",
+                )
+            )
         ms = eng["unconstrained_graph_ms_per_token"]
         rows.append(
             (
@@ -749,15 +777,22 @@ def goals(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             )
         )
         if name in static:
-            ratio = static[name]["ms_per_token"] / ours
-            out.append(
-                (
-                    f">= {GOAL_HF_RATIO:.0f}x faster than transformers static cache + compile with the mask",
-                    name,
-                    f"{ratio:.1f}x",
-                    "yes" if ratio >= GOAL_HF_RATIO else "no",
+            compared = [("a forward pass per token", ours)]
+            if FORCED_TAIL in eng:
+                compared.append(
+                    ("per generated token, forced tail without forward passes", eng[FORCED_TAIL]["ms_per_token"])
                 )
-            )
+            for how, ms in compared:
+                ratio = static[name]["ms_per_token"] / ms
+                out.append(
+                    (
+                        f">= {GOAL_HF_RATIO:.0f}x faster than transformers static cache + compile with the mask "
+                        f"({how})",
+                        name,
+                        f"{ratio:.1f}x",
+                        "yes" if ratio >= GOAL_HF_RATIO else "no",
+                    )
+                )
     return out
 
 
@@ -795,7 +830,7 @@ def answers_text(agree: dict[str, Any]) -> str:
     n = agree.get("intents")
     parts = []
     if "our_variants_agree" in agree:
-        parts.append(f"our three variants {'named the same pointers' if agree['our_variants_agree'] else 'DIFFER'}")
+        parts.append(f"our four variants {'named the same pointers' if agree['our_variants_agree'] else 'DIFFER'}")
     for mode in ("eager", "static"):
         if f"hf_{mode}_same_as_ours" in agree:
             parts.append(
@@ -885,7 +920,10 @@ def render_markdown(result: dict[str, Any], env: list[str]) -> str:
         "",
         "Notes:",
         "- Our per-token time is an answer's decode wall time (first step to the summary, pointers streamed to the",
-        "  host meanwhile) over its generated tokens; the median over the intents after one warm-up answer.",
+        "  host meanwhile) over its generated tokens; the median over the intents after one warm-up answer. The",
+        "  rows with a floor share run a forward pass after every token but the last, as transformers does; the",
+        "  default row takes the answer's forced end (the tokens after which the grammar leaves one legal token at",
+        "  every step) without forward passes, so its time per generated token is not a step's cost.",
         "- transformers per token: (generate of T tokens - generate of 1 token) / (T - 1), T = our engine's token",
         "  count for that intent (a fixed T where our engine did not run); each generate prefills the whole prompt",
         "  (no prefix cache), which cancels out in the difference.",

@@ -8,7 +8,8 @@
 //                not depend on the data); slots past the candidate count return at once. The dense head is the
 //                vocabulary GEMV; both compute a row with gemv_row_dot, so a logit is the same bits either way
 //   trie_step    argmax over the candidates (fixed tree, ties to the lower token id), the log-softmax score
-//                over the legal logits, the advance, error flags, the published pointer, the loop predicate
+//                over the legal logits, the advance, error flags, the published pointer, the loop predicate;
+//                with TT_FLAG_FORCED_TAIL, also the rest of the answer when the grammar forces every token of it
 // None of them takes the current token from the host: the forward pass reads ctl[TT_CTL_TOKEN] and
 // ctl[TT_CTL_POS] through its device-pointer form, or the host passes them in the host-argument form.
 //
@@ -43,8 +44,16 @@
 #define TT_CTL_MAXSTEPS 13
 #define TT_CTL_TRIE 14      // u64: global trie image, 0 for the constant bank
 #define TT_CTL_ALLOWED 16   // u64: sorted allowed pointer ids
+#define TT_CTL_FLAGS 18     // TT_FLAG_* bits, set by the host per answer
+#define TT_CTL_FORCED 19    // tokens of the forced tail taken without a forward pass
 #define TT_CTL_SPENT 32     // TT_K_MAX spent pointer ids, in answer order
 #define TT_CTL_WORDS 64
+
+// Once the grammar leaves one legal token at every remaining step of the answer, the step takes them all: they
+// need no logits (the log-softmax over one legal token is 0) and, with nothing left to choose, no forward pass.
+// Their step-log rows carry TT_NO_LOGIT for the logit, which was never computed.
+#define TT_FLAG_FORCED_TAIL 1
+#define TT_NO_LOGIT 0x7fc00000  // a quiet NaN
 
 #define TT_ERR_EMPTY_MASK 1
 #define TT_ERR_OFF_EDGE 2
@@ -261,13 +270,94 @@ __device__ void trie_advance(const R& t, int* ctl, volatile int* out, int edge, 
     }
 }
 
+// The grammar state a step reads from ctl, for walks that must not change it.
+struct WalkState {
+    int node, owed, n_spent, n_allowed;
+    const int* allowed;
+    int spent[TT_K_MAX];
+    __device__ explicit WalkState(const int* ctl)
+        : node(ctl[TT_CTL_NODE]), owed(ctl[TT_CTL_OWED]), n_spent(ctl[TT_CTL_NSPENT]),
+          n_allowed(ctl[TT_CTL_NALLOWED]), allowed(ctl_ptr(ctl, TT_CTL_ALLOWED)) {
+        for (int i = 0; i < n_spent; ++i) spent[i] = ctl[TT_CTL_SPENT + i];
+    }
+};
+
+// The one live edge of the walk's node; -1 when it has none or several (the scan stops at the second).
+template <class R>
+__device__ int sole_live_edge(const R& t, const TrieLayout& l, const WalkState& w) {
+    const int a = t.word(l.edge_start + w.node), b = t.word(l.edge_start + w.node + 1);
+    int found = -1;
+    for (int e = a; e < b; ++e) {
+        if (!edge_live(t, l, w.node, e, w.spent, w.n_spent, w.allowed, w.n_allowed, w.owed)) continue;
+        if (found >= 0) return -1;
+        found = e;
+    }
+    return found;
+}
+
+// Whether the answer ends (STOP) within `budget` more tokens with one legal token at every step: the rules of
+// trie_advance, walked on a copy of the state.
+template <class R>
+__device__ bool tail_is_forced(const R& t, const int* ctl, int budget) {
+    const TrieLayout l = trie_layout(t);
+    WalkState w(ctl);
+    for (int s = 0; s < budget; ++s) {
+        const int e = sole_live_edge(t, l, w);
+        if (e < 0) return false;
+        const int child = t.word(l.edges + 4 * e + 1);
+        if (child == l.n_nodes + 1) return true;  // STOP
+        if (child < l.n_nodes) {
+            w.node = child;
+        } else {  // SEP: another pointer is owed, so fewer than k <= TT_K_MAX are spent
+            w.spent[w.n_spent++] = t.word(l.terminal + w.node);
+            --w.owed;
+            w.node = 0;
+        }
+    }
+    return false;
+}
+
+// Takes `token` along `edge`: the advance, its step-log row, the next forward pass's token and position, the
+// step limit.
+template <class R>
+__device__ void take_token(const R& t, int* ctl, volatile int* out, int* trace, int edge, int token, int logit_bits,
+                           float logprob) {
+    const int steps = ctl[TT_CTL_STEPS];
+    trie_advance(t, ctl, out, edge, token, logprob);
+    if (ctl[TT_CTL_ERROR]) return;
+    if (trace) {
+        trace[3 * steps] = token;
+        trace[3 * steps + 1] = logit_bits;
+        trace[3 * steps + 2] = __float_as_int(logprob);
+    }
+    ctl[TT_CTL_TOKEN] = token;
+    ctl[TT_CTL_POS] += 1;
+    ctl[TT_CTL_STEPS] = steps + 1;
+    if (steps + 1 >= ctl[TT_CTL_MAXSTEPS] && !ctl[TT_CTL_DONE]) ctl[TT_CTL_ERROR] = TT_ERR_STEP_LIMIT;
+}
+
+// The step's chosen token, then (TT_FLAG_FORCED_TAIL) the forced tail when what follows it is one.
+template <class R>
+__device__ void take_step(const R& t, int* ctl, volatile int* out, int* trace, int edge, int token, float top,
+                          float logprob) {
+    take_token(t, ctl, out, trace, edge, token, __float_as_int(top), logprob);
+    if (ctl[TT_CTL_ERROR] || ctl[TT_CTL_DONE] || !(ctl[TT_CTL_FLAGS] & TT_FLAG_FORCED_TAIL)) return;
+    if (!tail_is_forced(t, ctl, ctl[TT_CTL_MAXSTEPS] - ctl[TT_CTL_STEPS])) return;
+    const TrieLayout l = trie_layout(t);
+    while (!ctl[TT_CTL_DONE] && !ctl[TT_CTL_ERROR]) {
+        const int e = sole_live_edge(t, l, WalkState(ctl));  // -1 would fail trie_advance's check, loudly
+        take_token(t, ctl, out, trace, e, e < 0 ? -1 : t.word(l.edges + 4 * e), TT_NO_LOGIT, 0.0f);
+        ctl[TT_CTL_FORCED] += 1;
+    }
+}
+
 __device__ __forceinline__ bool step_better(float v, int j, float bv, int bj) {
     return bj < 0 || v > bv || (v == bv && j < bj);
 }
 
 // dense != 0: logits is the full vocabulary row (read at the candidates' tokens); else the sparse head's
-// cand_logit. trace (optional) receives (token, logit bits, log-prob bits) per step. cond: the WHILE node's
-// handle inside a graph, 0 in the host loop.
+// cand_logit. trace (optional) receives (token, logit bits, log-prob bits) per token (TT_NO_LOGIT for a forced
+// tail's). cond: the WHILE node's handle inside a graph, 0 in the host loop.
 extern "C" __global__ void __launch_bounds__(TRIE_THREADS)
 trie_step(int* ctl, const int* __restrict__ cand, int cand_cap, const float* __restrict__ logits, int dense,
           int* trace, int* out, unsigned long long cond) {
@@ -330,20 +420,8 @@ trie_step(int* ctl, const int* __restrict__ cand, int cand_cap, const float* __r
     }
     const float logprob = top - (top + logf(z));  // the CPU engine's expression: logit - logsumexp(legal)
     const int token = cand[win], edge = cand[cand_cap + win];
-    const int steps = ctl[TT_CTL_STEPS];
     const int* g = ctl_ptr(ctl, TT_CTL_TRIE);
-    if (g) trie_advance(GlobalTrie{g}, ctl, vout, edge, token, logprob);
-    else trie_advance(ConstTrie{}, ctl, vout, edge, token, logprob);
-    if (!ctl[TT_CTL_ERROR]) {
-        if (trace) {
-            trace[3 * steps] = token;
-            trace[3 * steps + 1] = __float_as_int(top);
-            trace[3 * steps + 2] = __float_as_int(logprob);
-        }
-        ctl[TT_CTL_TOKEN] = token;
-        ctl[TT_CTL_POS] += 1;
-        ctl[TT_CTL_STEPS] = steps + 1;
-        if (steps + 1 >= ctl[TT_CTL_MAXSTEPS] && !ctl[TT_CTL_DONE]) ctl[TT_CTL_ERROR] = TT_ERR_STEP_LIMIT;
-    }
+    if (g) take_step(GlobalTrie{g}, ctl, vout, trace, edge, token, top, logprob);
+    else take_step(ConstTrie{}, ctl, vout, trace, edge, token, top, logprob);
     publish_state(ctl, vout, cond);
 }

@@ -124,6 +124,7 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServicer):
                 yield pb.DecodeResponse(
                     summary=pb.DecodeSummary(
                         tokens_generated=event.tokens_generated,
+                        forward_passes=event.forward_passes,
                         prefill_seconds=event.prefill_seconds,
                         decode_seconds=event.decode_seconds,
                         catalog_version=version,

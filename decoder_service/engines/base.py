@@ -50,6 +50,9 @@ class PointerEvent:
 @dataclass(frozen=True, slots=True)
 class SummaryEvent:
     tokens_generated: int
+    #: Forward passes of the decode loop (the prefill's not counted): one per generated token but the last and the
+    #: forced tail, the tokens after which the grammar leaves one legal token at every step to the end.
+    forward_passes: int
     prompt_tokens: int  # prefix + request suffix
     prefix_cached: bool  # whether the catalog prefix's KV was reused
     prefill_seconds: float

@@ -15,14 +15,23 @@ KNOWN_ENGINES = ("cpu", "cuda")
 CUDA_MAX_CONTEXT = 16_384
 
 
-def make_engine(name: str, config: ModelConfig, weights: Weights, head: str = "sparse") -> Engine:
+def make_engine(
+    name: str, config: ModelConfig, weights: Weights, head: str = "sparse", forced_tail: bool | None = None
+) -> Engine:
+    """``forced_tail`` None: the engines' default ($TOOLTRIE_FORCED_TAIL, else on)."""
     if name == "cpu":
         from decoder_service.engines.cpu.engine import CpuEngine
         from decoder_service.engines.cpu.model import CpuTransformer
 
-        return CpuEngine(CpuTransformer(config, weights), head=head)
+        return CpuEngine(CpuTransformer(config, weights), head=head, forced_tail=forced_tail)
     if name == "cuda":
         from decoder_service.engines.cuda.engine import CudaEngine
 
-        return CudaEngine(config, weights, head=head, max_context=min(config.max_position_embeddings, CUDA_MAX_CONTEXT))
+        return CudaEngine(
+            config,
+            weights,
+            head=head,
+            max_context=min(config.max_position_embeddings, CUDA_MAX_CONTEXT),
+            forced_tail=forced_tail,
+        )
     raise ValueError(f"unknown engine {name!r}; available: {', '.join(KNOWN_ENGINES)}")

@@ -46,8 +46,9 @@ def _text(event: PointerEvent | SummaryEvent) -> str:
         return f"{event.index + 1}. {event.name}  (score {event.score:.3f}, {per_token:.1f} ms/token)"
     cached = "cached prefix" if event.prefix_cached else "prefix prefilled"
     return (
-        f"-- {event.tokens_generated} tokens; prefill {event.prefill_seconds * 1000:.0f} ms of "
-        f"{event.prompt_tokens} prompt tokens ({cached}); decode {event.decode_seconds * 1000:.0f} ms"
+        f"-- {event.tokens_generated} tokens ({event.forward_passes} forward passes); "
+        f"prefill {event.prefill_seconds * 1000:.0f} ms of {event.prompt_tokens} prompt tokens ({cached}); "
+        f"decode {event.decode_seconds * 1000:.0f} ms"
     )
 
 
@@ -68,6 +69,7 @@ def _json(event: PointerEvent | SummaryEvent) -> str:
         {
             "summary": {
                 "tokens_generated": event.tokens_generated,
+                "forward_passes": event.forward_passes,
                 "prompt_tokens": event.prompt_tokens,
                 "prefix_cached": event.prefix_cached,
                 "prefill_seconds": event.prefill_seconds,

@@ -78,6 +78,7 @@ def test_decode_streams_exactly_k_distinct_catalog_tools(stack: tuple[RunningReg
     assert all(p.catalog_version == 1 and p.token_ids for p in pointers)
     assert summary.catalog_version == 1 and summary.engine == "cpu"
     assert summary.tokens_generated == sum(len(p.token_ids) + 1 for p in pointers)  # name tokens + SEP/STOP each
+    assert 0 <= summary.forward_passes <= summary.tokens_generated - 1  # a forced tail runs none
 
 
 def test_same_request_same_answer_and_the_prefix_is_reused(stack: tuple[RunningRegistry, RunningDecoder]) -> None:

@@ -153,6 +153,7 @@ def print_event(event: object, as_json: bool) -> None:
             record = {
                 "summary": True,
                 "tokens_generated": s.tokens_generated,
+                "forward_passes": s.forward_passes,
                 "prefill_seconds": s.prefill_seconds,
                 "decode_seconds": s.decode_seconds,
                 "catalog_version": s.catalog_version,
@@ -161,6 +162,7 @@ def print_event(event: object, as_json: bool) -> None:
             click.echo(json.dumps(record))
         else:
             click.echo(
-                f"   {s.tokens_generated} tokens, {per_token:.1f} ms/token, prefill {s.prefill_seconds * 1000:.0f} ms"
+                f"   {s.tokens_generated} tokens ({s.forward_passes} forward passes), {per_token:.1f} ms/token, "
+                f"prefill {s.prefill_seconds * 1000:.0f} ms"
                 f"{' (prefix cached)' if s.prefix_cached else ''}, engine {s.engine}, catalog v{s.catalog_version}"
             )

@@ -213,6 +213,23 @@ class GrammarState:
         other.spent, other.emitted, other._dead = list(self.spent), list(self.emitted), dict(self._dead)
         return other
 
+    def forced_tail(self) -> list[int] | None:
+        """The rest of the answer when the grammar leaves one legal token at every remaining step, else None.
+
+        Such tokens need no logits (the log-softmax over one legal token is 0), and a token after which nothing is
+        left to choose needs no forward pass: a decoder takes the whole tail at once.
+        """
+        if self.done:
+            return None
+        probe, tail = self.copy(), []
+        while not probe.done:
+            legal = probe.legal_tokens()
+            if len(legal) != 1:
+                return None
+            tail.append(int(legal[0]))
+            probe.advance(tail[-1])
+        return tail
+
     def _variant(self, pointer: int) -> int:
         if pointer < 0 or pointer in self.spent or not self._is_allowed(pointer):
             return _NONE

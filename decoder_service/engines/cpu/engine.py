@@ -12,21 +12,32 @@ from decoder_service.engines.base import HEADS, DecodeError, DecodeRequest, Engi
 from decoder_service.engines.cpu.kv_cache import KVCache
 from decoder_service.engines.cpu.model import CpuTransformer
 from decoder_service.engines.cpu.sampler import greedy_pick
+from decoder_service.engines.env import forced_tail_default
 from decoder_service.engines.prompt import request_suffix_ids
 from tooltrie.grammar.errors import GrammarError
 from tooltrie.grammar.runtime import GrammarState
 
 
 class CpuEngine(Engine):
-    """Serial decoding in numpy fp32. ``head``: 'sparse' (legal rows only) or 'dense' (all rows, then gather)."""
+    """Serial decoding in numpy fp32. ``head``: 'sparse' (legal rows only) or 'dense' (all rows, then gather).
+    ``forced_tail``: once the grammar leaves one legal token at every remaining step, take them all without
+    forward passes (the same answer and scores; ``SummaryEvent.forward_passes`` counts what ran). Default
+    $TOOLTRIE_FORCED_TAIL, else on."""
 
     name = "cpu"
 
-    def __init__(self, model: CpuTransformer, head: str = "sparse", prefix_cache_entries: int = 4) -> None:
+    def __init__(
+        self,
+        model: CpuTransformer,
+        head: str = "sparse",
+        prefix_cache_entries: int = 4,
+        forced_tail: bool | None = None,
+    ) -> None:
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; accepted: {', '.join(HEADS)}")
         self.model = model
         self.head = head
+        self.forced_tail = forced_tail_default() if forced_tail is None else forced_tail
         self._prefixes: OrderedDict[str, KVCache] = OrderedDict()
         self._prefix_entries = prefix_cache_entries
 
@@ -46,14 +57,18 @@ class CpuEngine(Engine):
         hidden = self.model.prefill(suffix, cache)
         prefill_seconds = time.perf_counter() - t0
 
-        generated, tokens, score, step_start = 0, [], 0.0, time.perf_counter()
+        generated, forwards, tokens, score, step_start = 0, 0, [], 0.0, time.perf_counter()
         decode_start = step_start
+        tail: list[int] = []  # the forced rest of the answer, once known
         while not state.done:
             if request.cancelled():
                 return  # no summary: the caller is gone
             try:
                 legal = state.legal_tokens()
-                token, logprob = greedy_pick(legal, self.legal_logits(hidden, legal))
+                if tail:  # one legal token: its log-softmax is 0, whatever the logits
+                    token, logprob = tail.pop(0), 0.0
+                else:
+                    token, logprob = greedy_pick(legal, self.legal_logits(hidden, legal))
                 pointer = state.advance(token)
             except (GrammarError, ValueError) as exc:
                 raise DecodeError(f"decoding stopped after {generated} tokens: {exc}") from exc
@@ -73,10 +88,14 @@ class CpuEngine(Engine):
                     steps=len(tokens) + 1,
                 )
                 tokens, score, step_start = [], 0.0, now
-            if not state.done:
-                hidden = self.model.decode(token, cache)
+            if not state.done and not tail:
+                tail = (state.forced_tail() or []) if self.forced_tail else []
+                if not tail:
+                    hidden = self.model.decode(token, cache)
+                    forwards += 1
         yield SummaryEvent(
             tokens_generated=generated,
+            forward_passes=forwards,
             prompt_tokens=len(catalog.prefix_ids) + len(suffix),
             prefix_cached=cached,
             prefill_seconds=prefill_seconds,

@@ -23,7 +23,6 @@ import numpy as np
 from decoder_service.engines.base import HEADS, DecodeError, DecodeRequest, Engine, Event, PointerEvent, SummaryEvent
 from decoder_service.engines.cuda import driver
 from decoder_service.engines.cuda.driver import CudaError, call
-from decoder_service.engines.cuda.env import env_int
 from decoder_service.engines.cuda.forward import CLUSTER_ATTENTION_POSITIONS, F32, CudaModel
 from decoder_service.engines.cuda.graph_loop import DecodeGraph
 from decoder_service.engines.cuda.host_grammar_loop import HostLoop
@@ -31,6 +30,7 @@ from decoder_service.engines.cuda.memory import DeviceBuffer
 from decoder_service.engines.cuda.module import Module
 from decoder_service.engines.cuda.step import CTL, ERRORS, HEAD_SLOTS, K_MAX, MAX_NAME_TOKENS, ControlInit, StepState
 from decoder_service.engines.cuda.trie_upload import DeviceTrie, Placement
+from decoder_service.engines.env import env_int, forced_tail_default
 from decoder_service.models.config import ModelConfig
 from tooltrie.grammar.runtime import GrammarState
 from tooltrie.grammar.trie import CompiledTrie
@@ -72,7 +72,9 @@ class CudaEngine(Engine):
     $TOOLTRIE_DECODE_KERNEL, else 'layers'). ``cluster_attention``: run a request's decode attention as
     attention_decode_cluster when its prompt and longest answer stay within CLUSTER_ATTENTION_POSITIONS (the same
     bits, gate 10; on an H200 35 µs per token faster there and slower past it, docs/cuda-speed-notes.md #65-#66).
-    Default $TOOLTRIE_CLUSTER_ATTENTION, else on."""
+    Default $TOOLTRIE_CLUSTER_ATTENTION, else on. ``forced_tail``: once the grammar leaves one legal token at every
+    remaining step, the step kernel takes them all and the loop ends without their forward passes (the same
+    tokens and scores, gate 11). Default $TOOLTRIE_FORCED_TAIL, else on."""
 
     name = "cuda"
 
@@ -90,6 +92,7 @@ class CudaEngine(Engine):
         prefix_cache_entries: int = 4,
         decode_kernel: str | None = None,
         cluster_attention: bool | None = None,
+        forced_tail: bool | None = None,
     ) -> None:
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; accepted: {', '.join(HEADS)}")
@@ -99,6 +102,7 @@ class CudaEngine(Engine):
         if cluster_attention is None:
             cluster_attention = env_int(CLUSTER_ATTENTION_ENV, 1, 0, 1) == 1
         self.cluster_attention = cluster_attention
+        self.forced_tail = forced_tail_default() if forced_tail is None else forced_tail
         self.module = module or load_module()  # one module per engine: its constant bank is this engine's
         self.model = CudaModel(
             config, weights, self.module, max_context=max_context, max_prefill=max_prefill, decode_kernel=decode_kernel
@@ -189,6 +193,7 @@ class CudaEngine(Engine):
             return  # the caller is gone
         ctl = self.state.read_ctl()
         self.last_steps = int(ctl[CTL["steps"]])
+        forced = int(ctl[CTL["forced"]])
         self.model.length = prompt_tokens  # the answer's KV is not kept: the next request starts after the prompt
         error = int(ctl[CTL["error"]])
         if error:
@@ -200,6 +205,7 @@ class CudaEngine(Engine):
             raise DecodeError(f"the device loop ended without finishing the answer ({emitted} of {k} pointers)")
         yield SummaryEvent(
             tokens_generated=self.last_steps,
+            forward_passes=self.last_steps - 1 - forced,  # the first token comes from the prefill's logits
             prompt_tokens=prompt_tokens,
             prefix_cached=cached,
             prefill_seconds=prefill_seconds,
@@ -237,6 +243,7 @@ class CudaEngine(Engine):
             trie_ptr=dt.global_ptr,
             allowed_ptr=allowed_ptr,
             n_allowed=n_allowed,
+            forced_tail=self.forced_tail,
         )
         self.state.reset(init)
         dt.bind(self.module, self.stream)  # after the previous answer, before this one

@@ -14,11 +14,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from decoder_service.engines.cuda.driver import Stream, multiprocessor_count, shared_memory_per_multiprocessor
-from decoder_service.engines.cuda.env import env_int
 from decoder_service.engines.cuda.memory import DeviceBuffer
 from decoder_service.engines.cuda.module import Launch, Module
 from decoder_service.engines.cuda.persistent import PersistentDecode, decode_kernel_choice
 from decoder_service.engines.cuda.weights import ModelWeights, upload_weights
+from decoder_service.engines.env import env_int
 from decoder_service.models.config import ModelConfig
 
 F32 = 4

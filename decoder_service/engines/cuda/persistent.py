@@ -17,10 +17,10 @@ import struct
 import numpy as np
 
 from decoder_service.engines.cuda.driver import Stream, multiprocessor_count
-from decoder_service.engines.cuda.env import env_int
 from decoder_service.engines.cuda.memory import DeviceBuffer
 from decoder_service.engines.cuda.module import Launch, Module
 from decoder_service.engines.cuda.weights import ModelWeights
+from decoder_service.engines.env import env_int
 from decoder_service.models.config import ModelConfig
 
 PDEC_THREADS = 256

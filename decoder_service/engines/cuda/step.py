@@ -41,8 +41,12 @@ CTL = {
     "maxsteps": 13,
     "trie": 14,
     "allowed": 16,
+    "flags": 18,
+    "forced": 19,
     "spent": 32,
 }
+FLAG_FORCED_TAIL = 1  # TT_FLAG_FORCED_TAIL: the step takes the forced rest of the answer without forward passes
+NO_LOGIT = 0x7FC00000  # TT_NO_LOGIT: the step log's logit for a forced tail's tokens
 OUT_COUNT, OUT_FINISHED, OUT_ERROR, OUT_STEPS = 0, 1, 2, 3
 # Record words: pointer id, token count, the device's fp32 running score (diagnostic: the host sums the step
 # log's fp32 terms in float64, as the contract says), step of the closing token, then the tokens.
@@ -66,10 +70,12 @@ class ControlInit:
     trie_ptr: int  # 0: the constant bank
     allowed_ptr: int = 0
     n_allowed: int = -1  # -1: the whole catalog
+    forced_tail: bool = True
 
     def words(self) -> np.ndarray:
         w = np.zeros(CTL_WORDS, dtype=np.int32)
         w[CTL["pos"]] = self.position
+        w[CTL["flags"]] = FLAG_FORCED_TAIL if self.forced_tail else 0
         w[CTL["owed"]] = self.k
         w[CTL["nallowed"]] = self.n_allowed
         w[CTL["maxsteps"]] = self.max_steps
@@ -147,7 +153,8 @@ class StepState:
         return self.ctl.download(np.int32, CTL_WORDS, self.stream)
 
     def read_trace(self, steps: int) -> np.ndarray:
-        """(token, logit bits, log-prob bits) of each of the first ``steps`` steps (after the stream is idle)."""
+        """(token, logit bits, log-prob bits) of each of the first ``steps`` tokens (after the stream is idle); a
+        forced tail's rows carry NO_LOGIT."""
         return self.trace.download(np.int32, (steps, 3), self.stream)
 
     def score(self, pub: Published) -> float:

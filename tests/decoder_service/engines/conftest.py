@@ -44,8 +44,8 @@ def engine_name(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def make_tiny_engine(engine_name: str, tiny_model) -> Callable[..., Engine]:
-    def make(head: str = "sparse") -> Engine:
-        return make_engine(engine_name, *tiny_model, head=head)
+    def make(head: str = "sparse", forced_tail: bool = True) -> Engine:
+        return make_engine(engine_name, *tiny_model, head=head, forced_tail=forced_tail)
 
     return make
 

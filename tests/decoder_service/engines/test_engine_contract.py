@@ -66,6 +66,37 @@ def test_greedy_choice_and_score_against_fresh_forward(make_tiny_engine, tiny_ca
     assert state.done
 
 
+def _forced_steps_at_the_end(trie, k: int, tokens: list[int]) -> int:
+    """How many of the answer's last tokens (never its first) had one legal token at their step, replayed."""
+    state, forced = GrammarState(trie, k), []
+    for token in tokens:
+        forced.append(len(state.legal_tokens()) == 1)
+        state.advance(token)
+    n = 0
+    while n < len(tokens) - 1 and forced[len(tokens) - 1 - n]:
+        n += 1
+    return n
+
+
+def test_forced_tail_takes_the_same_answer_without_its_forward_passes(make_tiny_engine, tiny_catalog) -> None:
+    """Once the grammar forces every remaining token, they are taken without forward passes: the same names,
+    tokens and scores, and one forward pass per token but the first-token-free forced end and the last token."""
+    k, tails = 3, []
+    with_tail, without = make_tiny_engine(forced_tail=True), make_tiny_engine(forced_tail=False)
+    for intent in INTENTS:
+        fast, s_fast = _run(with_tail, tiny_catalog, intent, k)
+        slow, s_slow = _run(without, tiny_catalog, intent, k)
+        assert [(p.name, p.token_ids, p.score) for p in fast] == [(p.name, p.token_ids, p.score) for p in slow]
+        answer = []
+        for i, p in enumerate(fast):
+            answer += [*p.token_ids, tiny_catalog.trie.sep_token if i < k - 1 else tiny_catalog.trie.stop_token]
+        tail = _forced_steps_at_the_end(tiny_catalog.trie, k, answer)
+        assert s_slow.forward_passes == s_slow.tokens_generated - 1
+        assert s_fast.forward_passes == s_fast.tokens_generated - 1 - tail
+        tails.append(tail)
+    assert any(tails), "no answer ended in a forced tail: the test would not see the skip"
+
+
 @pytest.mark.parametrize("intent", INTENTS)
 def test_sparse_and_dense_heads_choose_identically(make_tiny_engine, tiny_catalog, intent: str) -> None:
     sparse, _ = _run(make_tiny_engine("sparse"), tiny_catalog, intent, 4)

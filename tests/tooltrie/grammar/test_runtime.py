@@ -113,3 +113,32 @@ def test_empty_mask_is_loud(trie):
 def test_legal_tokens_are_read_only(trie):
     legal = GrammarState(trie, 1).legal_tokens()
     assert legal.dtype.name == "int32" and not legal.flags.writeable
+
+
+def test_forced_tail_is_the_rest_of_the_answer_only_when_every_step_is_forced(qwen3, trie):
+    state = GrammarState(trie, 1)
+    assert state.forced_tail() is None  # the root offers several first tokens
+    first = qwen3.encode("list_users")[0]
+    state.advance(first)
+    tail = state.forced_tail()
+    assert tail == [*qwen3.encode("list_users")[1:], qwen3.default_stop]
+    assert state.node != 0 and not state.done  # the probe walked a copy
+    for token in tail:
+        assert state.legal_tokens().tolist() == [token]
+        state.advance(token)
+    assert state.done and state.forced_tail() is None
+
+
+def test_forced_tail_stops_at_a_choice_and_follows_a_forced_root(qwen3, trie):
+    state = GrammarState(trie, 2)
+    _spell(state, qwen3, "list_users")
+    assert state.forced_tail() is None  # SEP, then a free choice between the get_ names
+    pointer_of = trie.pointer_of
+    narrowed = GrammarState(trie, 2, allowed=[pointer_of["list_users"], pointer_of["get_user_by_id"]])
+    _spell(narrowed, qwen3, "list_users")
+    # two allowed names and k = 2: after the first, the second is the only one left, its first token included
+    assert narrowed.forced_tail() == [
+        qwen3.default_sep,
+        *qwen3.encode("get_user_by_id"),
+        qwen3.default_stop,
+    ]

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!tooltrie/decoder/v1/decoder.proto\x12\x13tooltrie.decoder.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x80\x01\n\rDecodeRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06intent\x18\x03 \x01(\t\x12\t\n\x01k\x18\x04 \x01(\r\x12\x32\n\x08messages\x18\x05 \x03(\x0b\x32 .tooltrie.decoder.v1.ChatMessage\"r\n\x07Pointer\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x17\n\x0f\x63\x61talog_version\x18\x03 \x01(\x04\x12\x11\n\ttoken_ids\x18\x04 \x03(\r\x12\r\n\x05score\x18\x05 \x01(\x01\x12\x0f\n\x07seconds\x18\x06 \x01(\x01\"\xb1\x01\n\rDecodeSummary\x12\x18\n\x10tokens_generated\x18\x01 \x01(\r\x12\x17\n\x0fprefill_seconds\x18\x02 \x01(\x01\x12\x16\n\x0e\x64\x65\x63ode_seconds\x18\x03 \x01(\x01\x12\x17\n\x0f\x63\x61talog_version\x18\x04 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x15\n\rprefix_cached\x18\x06 \x01(\x08\x12\x0e\n\x06\x65ngine\x18\x07 \x01(\t\"\x81\x01\n\x0e\x44\x65\x63odeResponse\x12/\n\x07pointer\x18\x01 \x01(\x0b\x32\x1c.tooltrie.decoder.v1.PointerH\x00\x12\x35\n\x07summary\x18\x02 \x01(\x0b\x32\".tooltrie.decoder.v1.DecodeSummaryH\x00\x42\x07\n\x05\x65vent\"\x12\n\x10GetStatusRequest\"M\n\x0bHeldCatalog\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x63tive_version\x18\x02 \x01(\x04\x12\x15\n\rheld_versions\x18\x03 \x03(\x04\"\xc5\x01\n\x11GetStatusResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x11\n\ttokenizer\x18\x04 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x05 \x01(\t\x12\x1a\n\x12registry_connected\x18\x06 \x01(\x08\x12\x32\n\x08\x63\x61talogs\x18\x07 \x03(\x0b\x32 .tooltrie.decoder.v1.HeldCatalog2\xba\x01\n\x07\x44\x65\x63oder\x12S\n\x06\x44\x65\x63ode\x12\".tooltrie.decoder.v1.DecodeRequest\x1a#.tooltrie.decoder.v1.DecodeResponse0\x01\x12Z\n\tGetStatus\x12%.tooltrie.decoder.v1.GetStatusRequest\x1a&.tooltrie.decoder.v1.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!tooltrie/decoder/v1/decoder.proto\x12\x13tooltrie.decoder.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x80\x01\n\rDecodeRequest\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06intent\x18\x03 \x01(\t\x12\t\n\x01k\x18\x04 \x01(\r\x12\x32\n\x08messages\x18\x05 \x03(\x0b\x32 .tooltrie.decoder.v1.ChatMessage\"r\n\x07Pointer\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12\x17\n\x0f\x63\x61talog_version\x18\x03 \x01(\x04\x12\x11\n\ttoken_ids\x18\x04 \x03(\r\x12\r\n\x05score\x18\x05 \x01(\x01\x12\x0f\n\x07seconds\x18\x06 \x01(\x01\"\xc9\x01\n\rDecodeSummary\x12\x18\n\x10tokens_generated\x18\x01 \x01(\r\x12\x17\n\x0fprefill_seconds\x18\x02 \x01(\x01\x12\x16\n\x0e\x64\x65\x63ode_seconds\x18\x03 \x01(\x01\x12\x17\n\x0f\x63\x61talog_version\x18\x04 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x15\n\rprefix_cached\x18\x06 \x01(\x08\x12\x0e\n\x06\x65ngine\x18\x07 \x01(\t\x12\x16\n\x0e\x66orward_passes\x18\x08 \x01(\r\"\x81\x01\n\x0e\x44\x65\x63odeResponse\x12/\n\x07pointer\x18\x01 \x01(\x0b\x32\x1c.tooltrie.decoder.v1.PointerH\x00\x12\x35\n\x07summary\x18\x02 \x01(\x0b\x32\".tooltrie.decoder.v1.DecodeSummaryH\x00\x42\x07\n\x05\x65vent\"\x12\n\x10GetStatusRequest\"M\n\x0bHeldCatalog\x12\x0f\n\x07\x63\x61talog\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x63tive_version\x18\x02 \x01(\x04\x12\x15\n\rheld_versions\x18\x03 \x03(\x04\"\xc5\x01\n\x11GetStatusResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x11\n\ttokenizer\x18\x04 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x05 \x01(\t\x12\x1a\n\x12registry_connected\x18\x06 \x01(\x08\x12\x32\n\x08\x63\x61talogs\x18\x07 \x03(\x0b\x32 .tooltrie.decoder.v1.HeldCatalog2\xba\x01\n\x07\x44\x65\x63oder\x12S\n\x06\x44\x65\x63ode\x12\".tooltrie.decoder.v1.DecodeRequest\x1a#.tooltrie.decoder.v1.DecodeResponse0\x01\x12Z\n\tGetStatus\x12%.tooltrie.decoder.v1.GetStatusRequest\x1a&.tooltrie.decoder.v1.GetStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,15 +38,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_POINTER']._serialized_start=235
   _globals['_POINTER']._serialized_end=349
   _globals['_DECODESUMMARY']._serialized_start=352
-  _globals['_DECODESUMMARY']._serialized_end=529
-  _globals['_DECODERESPONSE']._serialized_start=532
-  _globals['_DECODERESPONSE']._serialized_end=661
-  _globals['_GETSTATUSREQUEST']._serialized_start=663
-  _globals['_GETSTATUSREQUEST']._serialized_end=681
-  _globals['_HELDCATALOG']._serialized_start=683
-  _globals['_HELDCATALOG']._serialized_end=760
-  _globals['_GETSTATUSRESPONSE']._serialized_start=763
-  _globals['_GETSTATUSRESPONSE']._serialized_end=960
-  _globals['_DECODER']._serialized_start=963
-  _globals['_DECODER']._serialized_end=1149
+  _globals['_DECODESUMMARY']._serialized_end=553
+  _globals['_DECODERESPONSE']._serialized_start=556
+  _globals['_DECODERESPONSE']._serialized_end=685
+  _globals['_GETSTATUSREQUEST']._serialized_start=687
+  _globals['_GETSTATUSREQUEST']._serialized_end=705
+  _globals['_HELDCATALOG']._serialized_start=707
+  _globals['_HELDCATALOG']._serialized_end=784
+  _globals['_GETSTATUSRESPONSE']._serialized_start=787
+  _globals['_GETSTATUSRESPONSE']._serialized_end=984
+  _globals['_DECODER']._serialized_start=987
+  _globals['_DECODER']._serialized_end=1173
 # @@protoc_insertion_point(module_scope)

@@ -45,7 +45,7 @@ class Pointer(_message.Message):
     def __init__(self, index: _Optional[int] = ..., tool: _Optional[str] = ..., catalog_version: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., score: _Optional[float] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class DecodeSummary(_message.Message):
-    __slots__ = ("tokens_generated", "prefill_seconds", "decode_seconds", "catalog_version", "prompt_tokens", "prefix_cached", "engine")
+    __slots__ = ("tokens_generated", "prefill_seconds", "decode_seconds", "catalog_version", "prompt_tokens", "prefix_cached", "engine", "forward_passes")
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
     PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DECODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,7 @@ class DecodeSummary(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHED_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_PASSES_FIELD_NUMBER: _ClassVar[int]
     tokens_generated: int
     prefill_seconds: float
     decode_seconds: float
@@ -60,7 +61,8 @@ class DecodeSummary(_message.Message):
     prompt_tokens: int
     prefix_cached: bool
     engine: str
-    def __init__(self, tokens_generated: _Optional[int] = ..., prefill_seconds: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., catalog_version: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., prefix_cached: _Optional[bool] = ..., engine: _Optional[str] = ...) -> None: ...
+    forward_passes: int
+    def __init__(self, tokens_generated: _Optional[int] = ..., prefill_seconds: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., catalog_version: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., prefix_cached: _Optional[bool] = ..., engine: _Optional[str] = ..., forward_passes: _Optional[int] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
     __slots__ = ("pointer", "summary")

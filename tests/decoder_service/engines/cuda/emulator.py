@@ -638,7 +638,49 @@ class FakeDriver:
         z = np.sum(np.exp(vals - top), dtype=np.float32)
         logprob = np.float32(top - np.float32(top + np.log(z)))
         token, edge = int(cand[win]), int(cand[a.cand_cap + win])
-        w, n_nodes, term, edges = self._trie(ctl)
+        trie = self._trie(ctl)
+        self._take(a, ctl, out, trie, edge, token, int(np.float32(top).view(np.int32)), logprob)
+        if ctl[6] or ctl[5] or not ctl[18] & 1 or not self._tail_is_forced(ctl, trie):
+            return
+        while not (ctl[5] or ctl[6]):  # the forced tail: no logits, log-prob 0
+            edge = self._sole_live_edge(ctl, trie)
+            token = int(trie[0][trie[3] + 4 * edge]) if edge >= 0 else -1
+            self._take(a, ctl, out, trie, edge, token, 0x7FC00000, np.float32(0.0))
+            ctl[19] += 1
+
+    def _sole_live_edge(self, ctl: np.ndarray, trie: tuple[np.ndarray, int, int, int]) -> int:
+        w, node = trie[0], int(ctl[2])
+        live = [e for e in range(int(w[8 + node]), int(w[9 + node])) if self._live(ctl, *trie, node, e)]
+        return live[0] if len(live) == 1 else -1
+
+    def _tail_is_forced(self, ctl: np.ndarray, trie: tuple[np.ndarray, int, int, int]) -> bool:
+        w, n_nodes, term, edges = trie
+        probe = ctl.copy()  # node, owed and spent walked on a copy
+        for _ in range(int(ctl[13] - ctl[7])):
+            edge = self._sole_live_edge(probe, trie)
+            if edge < 0:
+                return False
+            child = int(w[edges + 4 * edge + 1])
+            if child == n_nodes + 1:
+                return True
+            if child < n_nodes:
+                probe[2] = child
+            else:
+                probe[32 + probe[4]], probe[4], probe[3], probe[2] = w[term + probe[2]], probe[4] + 1, probe[3] - 1, 0
+        return False
+
+    def _take(
+        self,
+        a: SimpleNamespace,
+        ctl: np.ndarray,
+        out: np.ndarray,
+        trie: tuple[np.ndarray, int, int, int],
+        edge: int,
+        token: int,
+        logit_bits: int,
+        logprob: np.float32,
+    ) -> None:
+        w, n_nodes, term, edges = trie
         node, ns = int(ctl[2]), int(ctl[4])
         if not (
             w[8 + node] <= edge < w[8 + node + 1]
@@ -663,11 +705,7 @@ class FakeDriver:
                 ctl[5] = 1
         steps = int(ctl[7])
         if a.trace:
-            self.view(a.trace, np.int32, 3 * (steps + 1))[3 * steps :] = [
-                token,
-                np.float32(top).view(np.int32),
-                logprob.view(np.int32),
-            ]
+            self.view(a.trace, np.int32, 3 * (steps + 1))[3 * steps :] = [token, logit_bits, logprob.view(np.int32)]
         ctl[0], ctl[1], ctl[7] = token, ctl[1] + 1, steps + 1
         if steps + 1 >= ctl[13] and not ctl[5]:
             ctl[6] = 5

@@ -9,6 +9,8 @@ Gates (every token and every logit bit of the answer compared through the step t
   9 the persistent decode kernel (opt-in) == the layered launch list (the default), in both loops
  10 decode attention merged in thread-block clusters (the default for requests within 256 positions, as these
     are) == merged through global records and a counter, in both loops
+ 11 the forced tail taken without forward passes (the default) == a forward pass after every token, in both loops
+    (the tail's step-log rows carry no logit; tokens, log-probs and pointers are compared)
 Every engine runs the product's defaults but for the one setting its gate varies.
 Models are synthetic (fixed seeds, generated here); catalogs are explicit token sequences.
 """
@@ -28,6 +30,7 @@ from tests.decoder_service.engines.cuda.gpu_harness import record, requires_gpu
 from tests.decoder_service.engines.cuda.synthetic_tries import empty_mask_trie, random_catalog, wide_catalog
 from tests.decoder_service.engines.test_engine_contract import (  # noqa: F401  (collected here on the GPU)
     test_allowed_subset_narrows_the_answer,
+    test_forced_tail_takes_the_same_answer_without_its_forward_passes,
     test_greedy_choice_and_score_against_fresh_forward,
     test_k_above_catalog_and_bad_intents_are_refused,
     test_k_distinct_catalog_names,
@@ -71,8 +74,9 @@ def engines(qwen3_tiny) -> Iterator[Callable[..., Engine]]:
         pdl: bool | None = None,
         decode_kernel: str | None = None,
         cluster_attention: bool | None = None,
+        forced_tail: bool | None = None,
     ) -> CudaEngine:
-        key = (head, loop, placement, pdl, decode_kernel, cluster_attention)
+        key = (head, loop, placement, pdl, decode_kernel, cluster_attention, forced_tail)
         if key not in made:
             made[key] = CudaEngine(
                 *qwen3_tiny,
@@ -83,6 +87,7 @@ def engines(qwen3_tiny) -> Iterator[Callable[..., Engine]]:
                 module=load_module(pdl=pdl),
                 decode_kernel=decode_kernel,
                 cluster_attention=cluster_attention,
+                forced_tail=forced_tail,
             )
         return made[key]
 
@@ -225,6 +230,23 @@ def test_gate10_cluster_attention_equals_global_merge(engines, product_trie, ref
     )
 
 
+def test_gate11_forced_tail_equals_a_forward_pass_per_token(engines, product_trie, reference_answers) -> None:
+    from decoder_service.engines.cuda.step import NO_LOGIT
+
+    intents = _intents(N_GATE_INTENTS, PRESETS["tiny"].vocab_size, 11)
+    assert engines("sparse", "host").forced_tail  # the reference answers took their forced tails
+    tail_rows = sum(int((trace[:, 1] == NO_LOGIT).sum()) for _, trace in reference_answers)
+    ok = tail_rows > 0
+    for loop in ("graph", "host"):
+        for (pointers, trace), (ref_pointers, ref_trace) in zip(
+            _answers(engines("sparse", loop, forced_tail=False), product_trie, intents), reference_answers, strict=True
+        ):
+            computed = ref_trace[:, 1] != NO_LOGIT
+            ok &= pointers == ref_pointers and np.array_equal(trace[:, [0, 2]], ref_trace[:, [0, 2]])
+            ok &= np.array_equal(trace[computed, 1], ref_trace[computed, 1]) and NO_LOGIT not in trace[:, 1]
+    _gate("11 forced tail without forward passes == a forward pass per token", ok, tail_tokens=tail_rows)
+
+
 def test_wide_node_uses_dense_head(engines) -> None:
     trie = wide_catalog(300, PRESETS["tiny"].vocab_size, SEP, STOP)
     intents = _intents(3, PRESETS["tiny"].vocab_size, 5)
@@ -320,8 +342,8 @@ def make_tiny_engine(tiny_model) -> Iterator[Callable[..., Engine]]:
 
     made = []
 
-    def make(head: str = "sparse") -> Engine:
-        made.append(CudaEngine(*tiny_model, head=head, max_context=1024))
+    def make(head: str = "sparse", forced_tail: bool = True) -> Engine:
+        made.append(CudaEngine(*tiny_model, head=head, max_context=1024, forced_tail=forced_tail))
         return made[-1]
 
     yield make

@@ -34,6 +34,8 @@ def test_control_block_and_output_match_the_kernel_header() -> None:
         step.OUT_ERROR,
         step.OUT_STEPS,
     )
+    assert m["TT_FLAG_FORCED_TAIL"] == step.FLAG_FORCED_TAIL
+    assert re.search(rf"#define TT_NO_LOGIT {step.NO_LOGIT:#010x}\b", (CUDA_DIR / "trie_step.cuh").read_text())
     codes = {v for k, v in m.items() if k.startswith("TT_ERR_")}
     assert codes == set(step.ERRORS), "every device error code needs a message on the host"
 
@@ -64,6 +66,9 @@ def test_control_init_words() -> None:
     assert w[step.CTL["trie"] : step.CTL["trie"] + 2].view(np.uint64)[0] == 0x1234_5678_9ABC
     assert w[step.CTL["allowed"] : step.CTL["allowed"] + 2].view(np.uint64)[0] == 8
     assert (w[step.CTL["spent"] : step.CTL["spent"] + step.K_MAX] == -1).all()
+    assert w[step.CTL["flags"]] == step.FLAG_FORCED_TAIL and w[step.CTL["forced"]] == 0
+    unforced = step.ControlInit(position=0, k=1, max_steps=2, trie_ptr=0, forced_tail=False)
+    assert unforced.words()[step.CTL["flags"]] == 0
 
 
 @pytest.fixture

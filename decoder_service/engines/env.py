@@ -1,4 +1,4 @@
-"""Integer tuning settings of the CUDA engine read from the environment, checked against their range."""
+"""Engine settings read from the environment, checked against their range."""
 
 from __future__ import annotations
 
@@ -17,3 +17,11 @@ def env_int(name: str, default: int, low: int, high: int) -> int:
     if not low <= value <= high:
         raise ValueError(f"{name}={value} is out of range: {low} to {high}")
     return value
+
+
+FORCED_TAIL_ENV = "TOOLTRIE_FORCED_TAIL"  # 0: a forward pass after every token but the last
+
+
+def forced_tail_default() -> bool:
+    """Whether engines take an answer's forced tail without forward passes: $TOOLTRIE_FORCED_TAIL, else yes."""
+    return env_int(FORCED_TAIL_ENV, 1, 0, 1) == 1
