@@ -442,3 +442,61 @@ attention_decode_cluster(const float* __restrict__ qkv, const bf16_t* __restrict
     attention_decode_body<true>(qkv, q_norm, k_norm, k_cache, v_cache, partial, out, done, pos_ptr, pos_host, n_heads,
                                 n_kv_heads, head_dim, scale, rope, eps, max_chunks);
 }
+
+// A forced chain's tokens (*count of them, 2 or more, at positions *pos_ptr .. *pos_ptr + *count - 1; their raw
+// q|k|v rows one after the other in qkv). attention_chain_rows first writes every token's K/V cache row (the prefill
+// kernel's values, which are the decode kernel's bits); then attention_decode_chain runs attention_decode's body for
+// token blockIdx.z, which reads the chain's earlier rows from the cache, so each token's output is the bits a
+// decode step at its position gives. partial and done hold a head set's records and counters per token.
+// grid (chain tokens, n_kv_heads), block max(32, head_dim).
+extern "C" __global__ void attention_chain_rows(const float* __restrict__ qkv, const bf16_t* __restrict__ k_norm,
+                                                float* __restrict__ k_cache, float* __restrict__ v_cache,
+                                                const int* pos_ptr, const int* count, int n_heads, int n_kv_heads,
+                                                int head_dim, const float* __restrict__ rope, float eps) {
+    pdl_enter();
+    __shared__ float head[256];
+    __shared__ float scratch[32];
+    const int t = blockIdx.x;
+    if (t >= *count) return;  // uniform per block
+    const float* row = qkv + (size_t)t * (n_heads + 2 * n_kv_heads) * head_dim;
+    kv_row_to_cache(row, k_norm, k_cache, v_cache, *pos_ptr + t, blockIdx.y, n_heads, n_kv_heads, head_dim, rope, eps,
+                    head, scratch);
+}
+
+// grid (n_heads, attention_decode's blocks per head, chain tokens).
+template <bool CLUSTER>
+__device__ __forceinline__ void attention_decode_chain_body(
+    const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm, const bf16_t* __restrict__ k_norm,
+    float* __restrict__ k_cache, float* __restrict__ v_cache, float* __restrict__ partial, float* __restrict__ out,
+    int* __restrict__ done, const int* pos_ptr, const int* count, int n_heads, int n_kv_heads, int head_dim,
+    float scale, const float* __restrict__ rope, float eps, int max_chunks) {
+    pdl_enter();
+    const int t = blockIdx.z;
+    if (t >= *count) return;  // uniform per cluster: a cluster spans blockIdx.y only
+    const size_t qkv_width = (size_t)(n_heads + 2 * n_kv_heads) * head_dim;
+    attention_decode_body<CLUSTER>(qkv + t * qkv_width, q_norm, k_norm, k_cache, v_cache,
+                                   partial + (size_t)t * n_heads * max_chunks * (head_dim + 2),
+                                   out + (size_t)t * n_heads * head_dim, done + t * n_heads, nullptr, *pos_ptr + t,
+                                   n_heads, n_kv_heads, head_dim, scale, rope, eps, max_chunks);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3)
+attention_decode_chain(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
+                       const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache, float* __restrict__ v_cache,
+                       float* __restrict__ partial, float* __restrict__ out, int* __restrict__ done,
+                       const int* pos_ptr, const int* count, int n_heads, int n_kv_heads, int head_dim, float scale,
+                       const float* __restrict__ rope, float eps, int max_chunks) {
+    attention_decode_chain_body<false>(qkv, q_norm, k_norm, k_cache, v_cache, partial, out, done, pos_ptr, count,
+                                       n_heads, n_kv_heads, head_dim, scale, rope, eps, max_chunks);
+}
+
+extern "C" __global__ void __cluster_dims__(1, ATTN_CLUSTER, 1) __launch_bounds__(ATTN_SPLIT_THREADS, 3)
+attention_decode_chain_cluster(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
+                               const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache,
+                               float* __restrict__ v_cache, float* __restrict__ partial, float* __restrict__ out,
+                               int* __restrict__ done, const int* pos_ptr, const int* count, int n_heads,
+                               int n_kv_heads, int head_dim, float scale, const float* __restrict__ rope, float eps,
+                               int max_chunks) {
+    attention_decode_chain_body<true>(qkv, q_norm, k_norm, k_cache, v_cache, partial, out, done, pos_ptr, count,
+                                      n_heads, n_kv_heads, head_dim, scale, rope, eps, max_chunks);
+}

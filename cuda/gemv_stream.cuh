@@ -24,6 +24,8 @@
 #define GSTREAM_TILE_BYTES (GEMV_WARPS * GSTREAM_TILE_K * 2)  // one piece per warp: the shared memory of a stage
 #define GSTREAM_MAX_STAGES 6
 #define GSTREAM_THREADS (GEMV_WARPS * TT_WARP)
+#define GSTREAM_CHAIN_TOKENS 4  // the most tokens gemv_stream_chain takes (a forced chain's forward pass)
+static_assert(GSTREAM_CHAIN_TOKENS == 4, "gemv_stream_chain's switch covers 2, 3 and 4 tokens");
 
 // Which piece of which row a warp streams next: its rows are g * 8 + warp for the block's groups g, in order; a
 // SwiGLU group's gate row comes before its up row; a row's pieces go left to right.
@@ -40,6 +42,163 @@ struct GstreamCursor {
     }
 };
 
+// One warp's weight stream: its ring of pieces in shared memory, their barriers and the cursor of the next piece
+// lane 0 requests.
+struct GstreamWarp {
+    const bf16_t* W;
+    unsigned char* ring;
+    uint64_t* full;
+    uint64_t policy;
+    GstreamCursor next;
+    int N, K, k_tiles, passes, stages, pieces, warp;
+    __device__ __forceinline__ void issue(int slot) {  // lane 0: the next piece into the slot
+        const int row = next.p * (N / 2) + next.g * GEMV_WARPS + warp;
+        const int col = next.kt * GSTREAM_TILE_K, width = min(GSTREAM_TILE_K, K - col);
+        mbar_arrive_expect_tx(&full[slot], (uint32_t)(width * 2));
+        bulk_copy_to_shared(ring + slot * (GSTREAM_TILE_K * 2), W + (size_t)row * K + col, width * 2, &full[slot],
+                            policy);
+        next.advance(k_tiles, passes);
+    }
+};
+
+// The warp's stream set up and its ring filled: only weights so far, which no kernel writes, so the ring fills
+// while the kernel before still runs. `full` is the warp's GSTREAM_MAX_STAGES barriers.
+template <bool SWIGLU>
+__device__ __forceinline__ GstreamWarp gemv_stream_start(const bf16_t* __restrict__ W, int N, int K, int stages,
+                                                         unsigned char* smem, uint64_t* full) {
+    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
+    const int out_rows = SWIGLU ? N / 2 : N;
+    constexpr int passes = SWIGLU ? 2 : 1;  // a group's gate row, then its up row
+    stages = max(1, min(stages, GSTREAM_MAX_STAGES));  // the host sizes shared memory for its own value
+    // This warp's groups: blockIdx.x, then every gridDim.x-th, up to the last that holds its row (the last group
+    // may have fewer than 8 rows). At any moment the blocks read neighbouring groups, so the weight stream stays
+    // spread over the whole memory rather than over as many distant regions as there are blocks.
+    const int warp_groups = (out_rows - warp + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int my_groups = blockIdx.x < warp_groups ? (warp_groups - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+    const int k_tiles = (K + GSTREAM_TILE_K - 1) / GSTREAM_TILE_K;
+    GstreamWarp st{W,
+                   smem + (size_t)warp * stages * (GSTREAM_TILE_K * 2),
+                   full,
+                   l2_evict_first_policy(),  // weights are read once per step
+                   GstreamCursor{(int)blockIdx.x, 0, 0},
+                   N,
+                   K,
+                   k_tiles,
+                   passes,
+                   stages,
+                   my_groups * passes * k_tiles,
+                   warp};
+    if (lane == 0) {
+        for (int s = 0; s < stages; ++s) mbar_init(&full[s], 1);  // the issuing arrival, plus the bytes
+        mbar_init_fence();
+    }
+    __syncwarp();
+    if (lane == 0)
+        for (int s = 0; s < min(stages, st.pieces); ++s) st.issue(s);
+    return st;
+}
+
+// After the wait: the input rows of tokens t0 .. t0 + MT - 1 staged, then the warp's rows reduced against each of
+// them. Token t's sum is the single-token sum (chunks in the same order, the same butterfly), whatever MT is: a
+// weight chunk leaves shared memory once for all MT tokens.
+template <bool SWIGLU, int MT>
+__device__ __forceinline__ void gemv_stream_rows(GstreamWarp& st, const float* __restrict__ x,
+                                                 const bf16_t* __restrict__ norm_w, int x_mode, float eps,
+                                                 const bf16_t* __restrict__ bias, const float* residual, float* y,
+                                                 int t0, float* scratch) {
+    extern __shared__ __align__(16) unsigned char gstream_smem[];
+    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
+    const int N = st.N, K = st.K, k_tiles = st.k_tiles, stages = st.stages, pieces = st.pieces;
+    const int out_rows = SWIGLU ? N / 2 : N;
+    constexpr int passes = SWIGLU ? 2 : 1;
+    const int warp_groups = (out_rows - warp + GEMV_WARPS - 1) / GEMV_WARPS;
+    // The writer's residual of its first row travels with the input's loads; each later row's comes while the row
+    // before is reduced. A warp owns its rows, so a residual that aliases y is read before this warp writes it.
+    const bool writer = lane == 0;
+    auto residual_of = [&](int g, int t) {
+        return !SWIGLU && writer && residual && g < warp_groups
+                   ? residual[(size_t)(t0 + t) * N + g * GEMV_WARPS + warp]
+                   : 0.0f;
+    };
+    float res[MT];
+#pragma unroll
+    for (int t = 0; t < MT; ++t) res[t] = residual_of(blockIdx.x, t);
+
+    float4* xs4 = reinterpret_cast<float4*>(gstream_smem + (size_t)stages * GSTREAM_TILE_BYTES);
+    TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 1);
+#pragma unroll 1
+    for (int t = 0; t < MT; ++t)
+        gemv_stage_input<true>(xs4 + t * (K / 4), x + (size_t)(t0 + t) * K, norm_w, x_mode, eps, K, scratch);
+    TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 2);
+    // Token t's inputs 8c .. 8c + 3 of chunk c at xs4[t * K / 4 + c], 8c + 4 .. 8c + 7 at xs4[t * K / 4 + K / 8 + c]
+    int i = 0, s = 0;
+    uint32_t phase = 0;
+    for (int g = blockIdx.x; g < warp_groups; g += gridDim.x) {
+        const int j = g * GEMV_WARPS + warp;  // this warp's output row
+        // the writer's bias and the next row's residual are in flight while the row is reduced
+        float res_next[MT];
+#pragma unroll
+        for (int t = 0; t < MT; ++t) res_next[t] = residual_of(g + gridDim.x, t);
+        float bias_p[passes];
+#pragma unroll
+        for (int p = 0; p < passes; ++p) bias_p[p] = writer && bias ? bf16_to_float(bias[p * (N / 2) + j]) : 0.0f;
+        float sums[passes][MT];
+#pragma unroll
+        for (int p = 0; p < passes; ++p) {
+            float acc[MT];
+#pragma unroll
+            for (int t = 0; t < MT; ++t) acc[t] = 0.0f;
+            for (int kt = 0; kt < k_tiles; ++kt, ++i) {
+                mbar_wait(&st.full[s], phase);
+                const uint4* wt = reinterpret_cast<const uint4*>(st.ring + s * (GSTREAM_TILE_K * 2));
+                const int chunks = min(GSTREAM_TILE_K, K - kt * GSTREAM_TILE_K) / 8;
+                const int base = kt * (GSTREAM_TILE_K / 8);
+#pragma unroll 8
+                for (int c = lane; c < chunks; c += TT_WARP) {
+                    const uint4 w = wt[c];
+#pragma unroll
+                    for (int t = 0; t < MT; ++t)
+                        acc[t] = gemv_fma_chunk(acc[t], w, xs4[t * (K / 4) + base + c],
+                                                xs4[t * (K / 4) + K / 8 + base + c]);
+                }
+                __syncwarp();  // every lane has read the slot
+                if (lane == 0 && i + stages < pieces) {
+                    fence_proxy_async_shared();  // those reads come before the copy unit's write
+                    st.issue(s);
+                }
+                if (++s == stages) {
+                    s = 0;
+                    phase ^= 1;
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < MT; ++t) sums[p][t] = warp_sum(acc[t]);
+        }
+        if (writer) {
+#pragma unroll
+            for (int t = 0; t < MT; ++t) {
+                float acc = sums[0][t];
+                if constexpr (SWIGLU) {
+                    float up = sums[1][t];
+                    if (bias) {
+                        acc += bias_p[0];
+                        up += bias_p[1];
+                    }
+                    y[(size_t)(t0 + t) * (N / 2) + j] = silu_mul(acc, up);
+                } else {
+                    if (bias) acc += bias_p[0];
+                    if (residual) acc += res[t];
+                    y[(size_t)(t0 + t) * N + j] = acc;
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < MT; ++t) res[t] = res_next[t];
+    }
+    TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 3);
+}
+
+// One token (blockIdx.y) of gemv_bf16's rows with one warp per row.
 template <bool SWIGLU>
 __device__ __forceinline__ void gemv_stream(const bf16_t* __restrict__ W, const float* __restrict__ x,
                                             const bf16_t* __restrict__ norm_w, int x_mode, float eps,
@@ -48,106 +207,30 @@ __device__ __forceinline__ void gemv_stream(const bf16_t* __restrict__ W, const 
     extern __shared__ __align__(16) unsigned char gstream_smem[];
     __shared__ __align__(8) uint64_t full[GEMV_WARPS][GSTREAM_MAX_STAGES];
     __shared__ float scratch[32];
-    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
-    const int t = blockIdx.y;
-    const int out_rows = SWIGLU ? N / 2 : N;
-    const int k_tiles = (K + GSTREAM_TILE_K - 1) / GSTREAM_TILE_K;
-    constexpr int passes = SWIGLU ? 2 : 1;  // a group's gate row, then its up row
-    stages = max(1, min(stages, GSTREAM_MAX_STAGES));  // the host sizes shared memory for its own value
-    // This warp's groups: blockIdx.x, then every gridDim.x-th, up to the last that holds its row (the last group
-    // may have fewer than 8 rows). At any moment the blocks read neighbouring groups, so the weight stream stays
-    // spread over the whole memory rather than over as many distant regions as there are blocks.
-    const int warp_groups = (out_rows - warp + GEMV_WARPS - 1) / GEMV_WARPS;
-    const int my_groups = blockIdx.x < warp_groups ? (warp_groups - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-    const int pieces = my_groups * passes * k_tiles;
-    unsigned char* ring = gstream_smem + (size_t)warp * stages * (GSTREAM_TILE_K * 2);
-
-    if (lane == 0) {
-        for (int s = 0; s < stages; ++s) mbar_init(&full[warp][s], 1);  // the issuing arrival, plus the bytes
-        mbar_init_fence();
-    }
-    __syncwarp();
-    const uint64_t policy = l2_evict_first_policy();  // weights are read once per step
-    GstreamCursor next{(int)blockIdx.x, 0, 0};
-    auto issue = [&](int slot) {  // lane 0: the next piece into the slot
-        const int row = next.p * (N / 2) + next.g * GEMV_WARPS + warp;
-        const int col = next.kt * GSTREAM_TILE_K, width = min(GSTREAM_TILE_K, K - col);
-        mbar_arrive_expect_tx(&full[warp][slot], (uint32_t)(width * 2));
-        bulk_copy_to_shared(ring + slot * (GSTREAM_TILE_K * 2), W + (size_t)row * K + col, width * 2,
-                            &full[warp][slot], policy);
-        next.advance(k_tiles, passes);
-    };
-    // Only weights so far, which no kernel writes: the ring fills while the kernel before still runs.
-    if (lane == 0)
-        for (int s = 0; s < min(stages, pieces); ++s) issue(s);
+    GstreamWarp st = gemv_stream_start<SWIGLU>(W, N, K, stages, gstream_smem, full[threadIdx.x / TT_WARP]);
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4);  // gemv_bf16's probes
     pdl_enter();
-    // The writer's residual of its first row travels with the input's loads; each later row's comes while the row
-    // before is reduced. A warp owns its rows, so a residual that aliases y is read before this warp writes it.
-    const bool writer = lane == 0;
-    auto residual_of = [&](int g) {
-        return !SWIGLU && writer && residual && g < warp_groups ? residual[(size_t)t * N + g * GEMV_WARPS + warp]
-                                                                : 0.0f;
-    };
-    float res = residual_of(blockIdx.x);
+    gemv_stream_rows<SWIGLU, 1>(st, x, norm_w, x_mode, eps, bias, residual, y, blockIdx.y, scratch);
+}
 
-    float4* xs4 = reinterpret_cast<float4*>(gstream_smem + (size_t)stages * GSTREAM_TILE_BYTES);
-    TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 1);
-    gemv_stage_input<true>(xs4, x + (size_t)t * K, norm_w, x_mode, eps, K, scratch);
-    TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 2);
-    const float4* xa = xs4;  // inputs 8c .. 8c + 3 of chunk c
-    const float4* xb = xs4 + K / 8;  // inputs 8c + 4 .. 8c + 7
-    int i = 0, s = 0;
-    uint32_t phase = 0;
-    for (int g = blockIdx.x; g < warp_groups; g += gridDim.x) {
-        const int j = g * GEMV_WARPS + warp;  // this warp's output row
-        // the writer's bias and the next row's residual are in flight while the row is reduced
-        const float res_next = residual_of(g + gridDim.x);
-        float bias_p[passes];
-#pragma unroll
-        for (int p = 0; p < passes; ++p) bias_p[p] = writer && bias ? bf16_to_float(bias[p * (N / 2) + j]) : 0.0f;
-        float sums[passes];
-#pragma unroll
-        for (int p = 0; p < passes; ++p) {
-            float acc = 0.0f;
-            for (int kt = 0; kt < k_tiles; ++kt, ++i) {
-                mbar_wait(&full[warp][s], phase);
-                const uint4* wt = reinterpret_cast<const uint4*>(ring + s * (GSTREAM_TILE_K * 2));
-                const int chunks = min(GSTREAM_TILE_K, K - kt * GSTREAM_TILE_K) / 8;
-                const int base = kt * (GSTREAM_TILE_K / 8);
-#pragma unroll 8
-                for (int c = lane; c < chunks; c += TT_WARP)
-                    acc = gemv_fma_chunk(acc, wt[c], xa[base + c], xb[base + c]);
-                __syncwarp();  // every lane has read the slot
-                if (lane == 0 && i + stages < pieces) {
-                    fence_proxy_async_shared();  // those reads come before the copy unit's write
-                    issue(s);
-                }
-                if (++s == stages) {
-                    s = 0;
-                    phase ^= 1;
-                }
-            }
-            sums[p] = warp_sum(acc);
-        }
-        if (writer) {
-            float acc = sums[0];
-            if constexpr (SWIGLU) {
-                float up = sums[1];
-                if (bias) {
-                    acc += bias_p[0];
-                    up += bias_p[1];
-                }
-                y[(size_t)t * (N / 2) + j] = silu_mul(acc, up);
-            } else {
-                if (bias) acc += bias_p[0];
-                if (residual) acc += res;
-                y[(size_t)t * N + j] = acc;
-            }
-        }
-        res = res_next;
+// The tokens of a forced chain, as many as *count (2 to GSTREAM_CHAIN_TOKENS, read after the wait): each token's
+// rows are the single-token kernel's bits. Dynamic shared memory: stages * GSTREAM_TILE_BYTES
+// + GSTREAM_CHAIN_TOKENS * K * 4 bytes.
+template <bool SWIGLU>
+__device__ __forceinline__ void gemv_stream_chain(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                                  const bf16_t* __restrict__ norm_w, int x_mode, float eps,
+                                                  const bf16_t* __restrict__ bias, const float* residual, float* y,
+                                                  int N, int K, int stages, const int* count) {
+    extern __shared__ __align__(16) unsigned char gstream_smem[];
+    __shared__ __align__(8) uint64_t full[GEMV_WARPS][GSTREAM_MAX_STAGES];
+    __shared__ float scratch[32];
+    GstreamWarp st = gemv_stream_start<SWIGLU>(W, N, K, stages, gstream_smem, full[threadIdx.x / TT_WARP]);
+    pdl_enter();
+    switch (*count) {  // uniform: one value for the whole grid
+        case 2: gemv_stream_rows<SWIGLU, 2>(st, x, norm_w, x_mode, eps, bias, residual, y, 0, scratch); break;
+        case 3: gemv_stream_rows<SWIGLU, 3>(st, x, norm_w, x_mode, eps, bias, residual, y, 0, scratch); break;
+        default: gemv_stream_rows<SWIGLU, 4>(st, x, norm_w, x_mode, eps, bias, residual, y, 0, scratch); break;
     }
-    TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 3);
 }
 
 // y = in(x) @ W.T (+ bias) (+ residual), as gemv_bf16 with one warp per row. residual may alias y.
@@ -163,4 +246,20 @@ extern "C" __global__ void __launch_bounds__(GSTREAM_THREADS)
 gemv_stream_swiglu_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_t* __restrict__ norm_w,
                         int x_mode, float eps, const bf16_t* __restrict__ bias, float* y, int N, int K, int stages) {
     gemv_stream<true>(W, x, norm_w, x_mode, eps, bias, nullptr, y, N, K, stages);
+}
+
+// The chain forms of the two kernels above: *count tokens (2 to GSTREAM_CHAIN_TOKENS), rows 0 .. *count - 1 of x,
+// residual and y.
+extern "C" __global__ void __launch_bounds__(GSTREAM_THREADS)
+gemv_stream_chain_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_t* __restrict__ norm_w,
+                       int x_mode, float eps, const bf16_t* __restrict__ bias, const float* residual, float* y, int N,
+                       int K, int stages, const int* count) {
+    gemv_stream_chain<false>(W, x, norm_w, x_mode, eps, bias, residual, y, N, K, stages, count);
+}
+
+extern "C" __global__ void __launch_bounds__(GSTREAM_THREADS)
+gemv_stream_chain_swiglu_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                              const bf16_t* __restrict__ norm_w, int x_mode, float eps,
+                              const bf16_t* __restrict__ bias, float* y, int N, int K, int stages, const int* count) {
+    gemv_stream_chain<true>(W, x, norm_w, x_mode, eps, bias, nullptr, y, N, K, stages, count);
 }

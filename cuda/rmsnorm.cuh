@@ -25,12 +25,23 @@ __device__ __forceinline__ float rms_inverse(float sum_of_squares, int n, float 
     return rsqrtf(sum_of_squares / (float)n + eps);
 }
 
+__device__ __forceinline__ void rmsnorm_row(const float* __restrict__ xr, const bf16_t* __restrict__ w,
+                                            float* __restrict__ outr, int n, float eps, float* scratch) {
+    const float inv = rms_inverse(rms_sum_of_squares(reinterpret_cast<const float4*>(xr), n / 4, scratch), n, eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) outr[i] = xr[i] * inv * bf16_to_float(w[i]);
+}
+
 extern "C" __global__ void rmsnorm(const float* __restrict__ x, const bf16_t* __restrict__ w, float* __restrict__ out,
                                    int n, float eps) {
     pdl_enter();
     __shared__ float scratch[32];
-    const float* xr = x + (size_t)blockIdx.x * n;
-    float* outr = out + (size_t)blockIdx.x * n;
-    const float inv = rms_inverse(rms_sum_of_squares(reinterpret_cast<const float4*>(xr), n / 4, scratch), n, eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) outr[i] = xr[i] * inv * bf16_to_float(w[i]);
+    rmsnorm_row(x + (size_t)blockIdx.x * n, w, out + (size_t)blockIdx.x * n, n, eps, scratch);
+}
+
+// Row *count - 1 of x (a forced chain's last token) into out; one block.
+extern "C" __global__ void rmsnorm_last(const float* __restrict__ x, const bf16_t* __restrict__ w,
+                                        float* __restrict__ out, int n, float eps, const int* count) {
+    pdl_enter();
+    __shared__ float scratch[32];
+    rmsnorm_row(x + (size_t)(*count - 1) * n, w, out, n, eps, scratch);
 }

@@ -96,6 +96,21 @@ __device__ __forceinline__ float head_norm_rope(const float* __restrict__ src, c
                                  scratch);
 }
 
+// kv head kh of one token's raw q|k|v row: k normalised and rotated into k_cache's row pos, v copied to v_cache's.
+// Every thread of the block calls it (block max(32, head_dim)).
+__device__ __forceinline__ void kv_row_to_cache(const float* __restrict__ row, const bf16_t* __restrict__ k_norm,
+                                                float* __restrict__ k_cache, float* __restrict__ v_cache, int pos,
+                                                int kh, int n_heads, int n_kv_heads, int head_dim,
+                                                const float* __restrict__ rope, float eps, float* head,
+                                                float* scratch) {
+    const int d = threadIdx.x, q_width = n_heads * head_dim, kv_width = n_kv_heads * head_dim;
+    const float out = head_norm_rope(row + q_width + kh * head_dim, k_norm, rope, pos, head_dim, eps, head, scratch);
+    if (d >= head_dim) return;
+    const size_t c = ((size_t)pos * n_kv_heads + kh) * head_dim + d;
+    k_cache[c] = out;
+    v_cache[c] = row[q_width + kv_width + kh * head_dim + d];
+}
+
 // Prefill: grid (n_tokens, n_heads + n_kv_heads), block max(32, head_dim) threads; rope from rope_table.
 extern "C" __global__ void qk_norm_rope_cache(float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
                                               const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache,
@@ -109,16 +124,12 @@ extern "C" __global__ void qk_norm_rope_cache(float* __restrict__ qkv, const bf1
     const int pos = host_or_device(pos_ptr, pos_host) + t;
     const int q_width = n_heads * head_dim, kv_width = n_kv_heads * head_dim;
     float* row = qkv + (size_t)t * (q_width + 2 * kv_width);
-    const bool is_q = h < n_heads;
-    const int kh = h - n_heads;
-    float* src = is_q ? row + h * head_dim : row + q_width + kh * head_dim;
-    const float out = head_norm_rope(src, is_q ? q_norm : k_norm, rope, pos, head_dim, eps, head, scratch);
-    if (d >= head_dim) return;
-    if (is_q) {
-        src[d] = out;
-    } else {
-        const size_t c = ((size_t)pos * n_kv_heads + kh) * head_dim + d;
-        k_cache[c] = out;
-        v_cache[c] = row[q_width + kv_width + kh * head_dim + d];
+    if (h >= n_heads) {
+        kv_row_to_cache(row, k_norm, k_cache, v_cache, pos, h - n_heads, n_heads, n_kv_heads, head_dim, rope, eps, head,
+                        scratch);
+        return;
     }
+    float* src = row + h * head_dim;
+    const float out = head_norm_rope(src, q_norm, rope, pos, head_dim, eps, head, scratch);
+    if (d < head_dim) src[d] = out;
 }

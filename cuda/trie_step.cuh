@@ -45,14 +45,22 @@
 #define TT_CTL_TRIE 14      // u64: global trie image, 0 for the constant bank
 #define TT_CTL_ALLOWED 16   // u64: sorted allowed pointer ids
 #define TT_CTL_FLAGS 18     // TT_FLAG_* bits, set by the host per answer
-#define TT_CTL_FORCED 19    // tokens of the forced tail taken without a forward pass
+#define TT_CTL_FORCED 19    // tokens taken without a forward pass of their own (forced tail, chains past their first)
+#define TT_CTL_NCHAIN 20    // tokens the next forward pass takes: 1 (TOKEN at POS) or a chain of 2 or more
+#define TT_CTL_CHAIN_POS 21 // the chain's first position
+#define TT_CTL_CHAIN 24     // TT_CHAIN_TOKENS chain tokens
 #define TT_CTL_SPENT 32     // TT_K_MAX spent pointer ids, in answer order
 #define TT_CTL_WORDS 64
+#define TT_CHAIN_TOKENS 4   // GSTREAM_CHAIN_TOKENS: the most tokens of one forward pass
 
 // Once the grammar leaves one legal token at every remaining step of the answer, the step takes them all: they
 // need no logits (the log-softmax over one legal token is 0) and, with nothing left to choose, no forward pass.
 // Their step-log rows carry TT_NO_LOGIT for the logit, which was never computed.
 #define TT_FLAG_FORCED_TAIL 1
+// With TT_FLAG_CHAINS, the tokens the grammar forces after the chosen one (up to TT_CHAIN_TOKENS - 1) join it: the
+// next forward pass takes them all (the decode kernels' chain forms, each token's bits those of a step of its own),
+// and the step after it chooses from the last one's logits.
+#define TT_FLAG_CHAINS 2
 #define TT_NO_LOGIT 0x7fc00000  // a quiet NaN
 
 #define TT_ERR_EMPTY_MASK 1
@@ -216,13 +224,21 @@ sparse_head(const bf16_t* __restrict__ W, const float* __restrict__ x, const int
     if (warp == 0 && lane == 0) cand_logit[slot] = acc;
 }
 
-__device__ __forceinline__ void publish_state(int* ctl, volatile int* out, unsigned long long cond) {
+// The conditional nodes of the device loop's graph (0 outside a graph): the WHILE node's, and the IF node of its
+// body that runs the chain's forward pass (else the single token's).
+struct LoopConds {
+    unsigned long long loop, chain;
+};
+
+__device__ __forceinline__ void publish_state(int* ctl, volatile int* out, const LoopConds& cond) {
     const bool go = !ctl[TT_CTL_DONE] && !ctl[TT_CTL_ERROR];
+    const bool chain = ctl[TT_CTL_NCHAIN] > 1;
     out[TT_OUT_STEPS] = ctl[TT_CTL_STEPS];
     out[TT_OUT_ERROR] = ctl[TT_CTL_ERROR];
     __threadfence_system();
     out[TT_OUT_FINISHED] = go ? 0 : 1;
-    if (cond) cudaGraphSetConditional(cond, go ? 1u : 0u);
+    if (cond.loop) cudaGraphSetConditional(cond.loop, go ? 1u : 0u);
+    if (cond.chain) cudaGraphSetConditional(cond.chain, go && chain ? 1u : 0u);
 }
 
 template <class R>
@@ -336,18 +352,33 @@ __device__ void take_token(const R& t, int* ctl, volatile int* out, int* trace, 
     if (steps + 1 >= ctl[TT_CTL_MAXSTEPS] && !ctl[TT_CTL_DONE]) ctl[TT_CTL_ERROR] = TT_ERR_STEP_LIMIT;
 }
 
-// The step's chosen token, then (TT_FLAG_FORCED_TAIL) the forced tail when what follows it is one.
+// The step's chosen token, then (TT_FLAG_FORCED_TAIL) the forced tail when what follows it is one, else
+// (TT_FLAG_CHAINS) the forced tokens after it, up to a chain of TT_CHAIN_TOKENS; sets the next forward pass's
+// tokens.
 template <class R>
 __device__ void take_step(const R& t, int* ctl, volatile int* out, int* trace, int edge, int token, float top,
                           float logprob) {
+    const int first_pos = ctl[TT_CTL_POS] + 1;
+    ctl[TT_CTL_NCHAIN] = 1;
     take_token(t, ctl, out, trace, edge, token, __float_as_int(top), logprob);
-    if (ctl[TT_CTL_ERROR] || ctl[TT_CTL_DONE] || !(ctl[TT_CTL_FLAGS] & TT_FLAG_FORCED_TAIL)) return;
-    if (!tail_is_forced(t, ctl, ctl[TT_CTL_MAXSTEPS] - ctl[TT_CTL_STEPS])) return;
+    const int flags = ctl[TT_CTL_FLAGS];
+    if (ctl[TT_CTL_ERROR] || ctl[TT_CTL_DONE] || !(flags & (TT_FLAG_FORCED_TAIL | TT_FLAG_CHAINS))) return;
     const TrieLayout l = trie_layout(t);
-    while (!ctl[TT_CTL_DONE] && !ctl[TT_CTL_ERROR]) {
-        const int e = sole_live_edge(t, l, WalkState(ctl));  // -1 would fail trie_advance's check, loudly
-        take_token(t, ctl, out, trace, e, e < 0 ? -1 : t.word(l.edges + 4 * e), TT_NO_LOGIT, 0.0f);
+    const bool tail = (flags & TT_FLAG_FORCED_TAIL) && tail_is_forced(t, ctl, ctl[TT_CTL_MAXSTEPS] - ctl[TT_CTL_STEPS]);
+    if (!tail && !(flags & TT_FLAG_CHAINS)) return;
+    int n = 1;
+    ctl[TT_CTL_CHAIN] = token;
+    while (!ctl[TT_CTL_DONE] && !ctl[TT_CTL_ERROR] && (tail || n < TT_CHAIN_TOKENS)) {
+        const int e = sole_live_edge(t, l, WalkState(ctl));  // in a tail, -1 would fail trie_advance's check, loudly
+        if (e < 0 && !tail) break;
+        const int forced = e < 0 ? -1 : t.word(l.edges + 4 * e);
+        take_token(t, ctl, out, trace, e, forced, TT_NO_LOGIT, 0.0f);
         ctl[TT_CTL_FORCED] += 1;
+        if (!tail) ctl[TT_CTL_CHAIN + n++] = forced;
+    }
+    if (!tail && n > 1) {
+        ctl[TT_CTL_NCHAIN] = n;
+        ctl[TT_CTL_CHAIN_POS] = first_pos;
     }
 }
 
@@ -357,10 +388,11 @@ __device__ __forceinline__ bool step_better(float v, int j, float bv, int bj) {
 
 // dense != 0: logits is the full vocabulary row (read at the candidates' tokens); else the sparse head's
 // cand_logit. trace (optional) receives (token, logit bits, log-prob bits) per token (TT_NO_LOGIT for a forced
-// tail's). cond: the WHILE node's handle inside a graph, 0 in the host loop.
+// tail's and a chain's tokens past its first). cond_*: LoopConds's handles inside a graph, 0 in the host loop.
 extern "C" __global__ void __launch_bounds__(TRIE_THREADS)
 trie_step(int* ctl, const int* __restrict__ cand, int cand_cap, const float* __restrict__ logits, int dense,
-          int* trace, int* out, unsigned long long cond) {
+          int* trace, int* out, unsigned long long cond_loop, unsigned long long cond_chain) {
+    const LoopConds cond{cond_loop, cond_chain};
     pdl_enter();
     __shared__ float vals[TRIE_THREADS];
     __shared__ int ids[TRIE_THREADS];

@@ -25,3 +25,12 @@ FORCED_TAIL_ENV = "TOOLTRIE_FORCED_TAIL"  # 0: a forward pass after every token 
 def forced_tail_default() -> bool:
     """Whether engines take an answer's forced tail without forward passes: $TOOLTRIE_FORCED_TAIL, else yes."""
     return env_int(FORCED_TAIL_ENV, 1, 0, 1) == 1
+
+
+FORCED_CHAINS_ENV = "TOOLTRIE_FORCED_CHAINS"  # 0: a forward pass per token (the CUDA engine)
+
+
+def forced_chains_default() -> bool:
+    """Whether the CUDA engine feeds the tokens the grammar forces after a chosen one through the same forward pass:
+    $TOOLTRIE_FORCED_CHAINS, else yes."""
+    return env_int(FORCED_CHAINS_ENV, 1, 0, 1) == 1

@@ -23,14 +23,14 @@ import numpy as np
 from decoder_service.engines.base import HEADS, DecodeError, DecodeRequest, Engine, Event, PointerEvent, SummaryEvent
 from decoder_service.engines.cuda import driver
 from decoder_service.engines.cuda.driver import CudaError, call
-from decoder_service.engines.cuda.forward import CLUSTER_ATTENTION_POSITIONS, F32, CudaModel
+from decoder_service.engines.cuda.forward import CHAIN_TOKENS, CLUSTER_ATTENTION_POSITIONS, F32, CudaModel
 from decoder_service.engines.cuda.graph_loop import DecodeGraph
 from decoder_service.engines.cuda.host_grammar_loop import HostLoop
 from decoder_service.engines.cuda.memory import DeviceBuffer
 from decoder_service.engines.cuda.module import Module
 from decoder_service.engines.cuda.step import CTL, ERRORS, HEAD_SLOTS, K_MAX, MAX_NAME_TOKENS, ControlInit, StepState
 from decoder_service.engines.cuda.trie_upload import DeviceTrie, Placement
-from decoder_service.engines.env import env_int, forced_tail_default
+from decoder_service.engines.env import env_int, forced_chains_default, forced_tail_default
 from decoder_service.models.config import ModelConfig
 from tooltrie.grammar.runtime import GrammarState
 from tooltrie.grammar.trie import CompiledTrie
@@ -74,7 +74,10 @@ class CudaEngine(Engine):
     bits, gate 10; on an H200 35 µs per token faster there and slower past it, docs/cuda-speed-notes.md #65-#66).
     Default $TOOLTRIE_CLUSTER_ATTENTION, else on. ``forced_tail``: once the grammar leaves one legal token at every
     remaining step, the step kernel takes them all and the loop ends without their forward passes (the same
-    tokens and scores, gate 11). Default $TOOLTRIE_FORCED_TAIL, else on."""
+    tokens and scores, gate 11). Default $TOOLTRIE_FORCED_TAIL, else on. ``forced_chains``: the tokens the grammar
+    forces after a chosen one (up to CHAIN_TOKENS in all) go through the model in one forward pass, whose every token
+    has the bits of a pass of its own (gate 12); where the model's step takes no chains (``supports_chains``), one
+    pass per token. Default $TOOLTRIE_FORCED_CHAINS, else on."""
 
     name = "cuda"
 
@@ -93,6 +96,7 @@ class CudaEngine(Engine):
         decode_kernel: str | None = None,
         cluster_attention: bool | None = None,
         forced_tail: bool | None = None,
+        forced_chains: bool | None = None,
     ) -> None:
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; accepted: {', '.join(HEADS)}")
@@ -103,13 +107,14 @@ class CudaEngine(Engine):
             cluster_attention = env_int(CLUSTER_ATTENTION_ENV, 1, 0, 1) == 1
         self.cluster_attention = cluster_attention
         self.forced_tail = forced_tail_default() if forced_tail is None else forced_tail
+        self.forced_chains = forced_chains_default() if forced_chains is None else forced_chains
         self.module = module or load_module()  # one module per engine: its constant bank is this engine's
         self.model = CudaModel(
             config, weights, self.module, max_context=max_context, max_prefill=max_prefill, decode_kernel=decode_kernel
         )
         self.stream = self.model.stream
         self.state = StepState(config.vocab_size, K_MAX * (MAX_NAME_TOKENS + 1), self.stream)
-        self._drivers: dict[tuple[str, bool, bool], HostLoop | DecodeGraph] = {}  # (loop, dense, cluster)
+        self._drivers: dict[tuple[str, bool, bool, bool], HostLoop | DecodeGraph] = {}  # (loop, dense, cluster, chains)
         self._tries: OrderedDict[int, DeviceTrie] = OrderedDict()
         self._prefixes: OrderedDict[str, list[DeviceBuffer]] = OrderedDict()
         self._prefix_entries = prefix_cache_entries
@@ -244,6 +249,7 @@ class CudaEngine(Engine):
             allowed_ptr=allowed_ptr,
             n_allowed=n_allowed,
             forced_tail=self.forced_tail,
+            chains=self.chains,
         )
         self.state.reset(init)
         dt.bind(self.module, self.stream)  # after the previous answer, before this one
@@ -300,14 +306,25 @@ class CudaEngine(Engine):
         return self.state.read_trace(self.last_steps)
 
     # -- internals ----------------------------------------------------------------------------------------
+    @property
+    def chains(self) -> bool:
+        """Whether this engine's answers take forced chains: asked for and supported by the model's step."""
+        return self.forced_chains and self.model.supports_chains
+
+    @property
+    def chain_tokens(self) -> int:
+        """The most tokens one forward pass takes."""
+        return CHAIN_TOKENS if self.chains else 1
+
     def _run(self, dense: bool, cluster: bool) -> Iterator[None]:
-        key = (self.loop, dense, cluster)
+        chains = self.chains
+        key = (self.loop, dense, cluster, chains)
         drv = self._drivers.get(key)
         if drv is None:
             drv = (
-                HostLoop(self.model, self.state, dense, cluster)
+                HostLoop(self.model, self.state, dense, cluster, chains)
                 if self.loop == "host"
-                else DecodeGraph(self.model, self.state, dense, cluster)
+                else DecodeGraph(self.model, self.state, dense, cluster, chains)
             )
             self._drivers[key] = drv
         if isinstance(drv, HostLoop):

@@ -46,6 +46,9 @@ GSTREAM_STATIC_SHARED = 512  # its static shared memory (ptxas -v): the ring's b
 GSTREAM_BLOCKS_PER_SM = 2
 GSTREAM_SWIGLU_BLOCKS_PER_SM = 3  # gate|up (a gate and an up piece per group): measured faster so
 GSTREAM_MIN_STAGES = 2  # a ring below which a GEMV takes fewer blocks per SM
+# A forced chain's forward pass (cuda/trie_step.cuh's TT_FLAG_CHAINS) takes up to this many tokens: the GEMVs' chain
+# forms stage every token's input row and reduce each weight piece against all of them (GSTREAM_CHAIN_TOKENS).
+CHAIN_TOKENS = 4
 SM_RESERVED_SHARED = 1024  # shared memory the hardware keeps per resident block
 GEMM_TILE = 64  # GEMM_BM == GEMM_BN in cuda/gemm.cuh
 # Prefill GEMMs run on the tensor cores (cuda/gemm.cuh, gemm_mma16_bf16 / gemm_mma8_bf16): a block stages 16 tokens
@@ -116,22 +119,25 @@ def gemv_groups(n_out: int, warps_per_row: int, swiglu_out: bool = False) -> int
     return -(-n_out // rows)
 
 
-def gemv_stream_shared(k_in: int, stages: int) -> int:
-    """Dynamic shared memory of a streaming GEMV block: its ring of weight pieces and its staged input row."""
-    return stages * GSTREAM_TILE_BYTES + k_in * F32
+def gemv_stream_shared(k_in: int, stages: int, tokens: int = 1) -> int:
+    """Dynamic shared memory of a streaming GEMV block: its ring of weight pieces and its staged input rows (one per
+    token: CHAIN_TOKENS for the chain forms)."""
+    return stages * GSTREAM_TILE_BYTES + tokens * k_in * F32
 
 
-def _ring_room(k_in: int, blocks_per_sm: int, sm_shared: int) -> int:
-    """Ring stages that fit each of ``blocks_per_sm`` streaming GEMV blocks of ``k_in``-wide rows in one SM's
-    ``sm_shared`` bytes of shared memory (0 or less: not even the input row fits)."""
-    per_block = sm_shared // blocks_per_sm - SM_RESERVED_SHARED - GSTREAM_STATIC_SHARED - k_in * F32
+def _ring_room(k_in: int, blocks_per_sm: int, sm_shared: int, tokens: int = 1) -> int:
+    """Ring stages that fit each of ``blocks_per_sm`` streaming GEMV blocks of ``k_in``-wide rows (``tokens`` input
+    rows staged) in one SM's ``sm_shared`` bytes of shared memory (0 or less: not even the input rows fit)."""
+    per_block = sm_shared // blocks_per_sm - SM_RESERVED_SHARED - GSTREAM_STATIC_SHARED - tokens * k_in * F32
     return per_block // GSTREAM_TILE_BYTES
 
 
-def gemv_stream_stages(k_in: int, blocks_per_sm: int, sm_shared: int, cap: int = GSTREAM_MAX_STAGES) -> int:
+def gemv_stream_stages(
+    k_in: int, blocks_per_sm: int, sm_shared: int, cap: int = GSTREAM_MAX_STAGES, tokens: int = 1
+) -> int:
     """The deepest ring (at most ``cap``) with which ``blocks_per_sm`` streaming GEMV blocks of ``k_in``-wide rows
     fit in one SM's ``sm_shared`` bytes of shared memory."""
-    stages = min(cap, _ring_room(k_in, blocks_per_sm, sm_shared))
+    stages = min(cap, _ring_room(k_in, blocks_per_sm, sm_shared, tokens))
     if stages < 1:
         raise ValueError(
             f"{blocks_per_sm} streaming GEMV blocks of {k_in}-wide rows do not fit in {sm_shared} bytes of shared "
@@ -141,17 +147,22 @@ def gemv_stream_stages(k_in: int, blocks_per_sm: int, sm_shared: int, cap: int =
 
 
 def gemv_stream_layout(
-    k_in: int, sm_shared: int, max_blocks: int, fixed_blocks: int | None = None, cap: int = GSTREAM_MAX_STAGES
+    k_in: int,
+    sm_shared: int,
+    max_blocks: int,
+    fixed_blocks: int | None = None,
+    cap: int = GSTREAM_MAX_STAGES,
+    tokens: int = 1,
 ) -> tuple[int, int]:
     """(blocks per SM, ring depth) of a streaming GEMV of ``k_in``-wide rows: the most blocks, up to ``max_blocks``,
     whose rings still hold GSTREAM_MIN_STAGES pieces per warp (or ``cap``, if lower), each with the deepest ring
-    that fits; ``fixed_blocks`` (TOOLTRIE_GEMV_BLOCKS_PER_SM) sets the count instead."""
+    that fits; ``fixed_blocks`` (TOOLTRIE_GEMV_BLOCKS_PER_SM) sets the count instead. ``tokens``: input rows a block
+    stages (CHAIN_TOKENS for the chain forms)."""
     if fixed_blocks is not None:
-        return fixed_blocks, gemv_stream_stages(k_in, fixed_blocks, sm_shared, cap)
-    blocks = next(
-        (b for b in range(max_blocks, 1, -1) if _ring_room(k_in, b, sm_shared) >= min(GSTREAM_MIN_STAGES, cap)), 1
-    )
-    return blocks, gemv_stream_stages(k_in, blocks, sm_shared, cap)
+        return fixed_blocks, gemv_stream_stages(k_in, fixed_blocks, sm_shared, cap, tokens)
+    want = min(GSTREAM_MIN_STAGES, cap)
+    blocks = next((b for b in range(max_blocks, 1, -1) if _ring_room(k_in, b, sm_shared, tokens) >= want), 1)
+    return blocks, gemv_stream_stages(k_in, blocks, sm_shared, cap, tokens)
 
 
 def check_config(config: ModelConfig) -> None:
@@ -223,9 +234,11 @@ class CudaModel:
         )(self.stream)
         self.attn_shared = max_context * F32  # one score per cached position (prefill attention)
         self.max_chunks = -(-max_context // ATTN_CHUNK)
-        self.attn_partial = DeviceBuffer(c.num_heads * self.max_chunks * (c.head_dim + 2) * F32)
-        self.attn_done = DeviceBuffer(c.num_heads * 4)  # per-head merge counters; the kernel leaves them at 0
-        self.attn_done.upload(np.zeros(c.num_heads, dtype=np.int32), self.stream)
+        # Decode attention's chunk records and per-head merge counters (the kernel leaves them at 0), one set per
+        # token of a forced chain; a single-token step uses the first.
+        self.attn_partial = DeviceBuffer(CHAIN_TOKENS * c.num_heads * self.max_chunks * (c.head_dim + 2) * F32)
+        self.attn_done = DeviceBuffer(CHAIN_TOKENS * c.num_heads * 4)
+        self.attn_done.upload(np.zeros(CHAIN_TOKENS * c.num_heads, dtype=np.int32), self.stream)
         if self.attn_shared + ATTN_STATIC_SHARED > MAX_SHARED_PER_BLOCK:
             limit = (MAX_SHARED_PER_BLOCK - ATTN_STATIC_SHARED) // F32
             raise ValueError(f"max_context {max_context} needs more shared memory than a block has; at most {limit}")
@@ -247,16 +260,32 @@ class CudaModel:
         # rows go to gemv_bf16 and need no ring.
         kinds = {(k, False) for k in (c.hidden_size, self.q_width, c.intermediate_size)} | {(c.hidden_size, True)}
         self.gemv_layout: dict[tuple[int, bool], tuple[int, int]] = {}
+        self.gemv_chain_layout: dict[tuple[int, bool], tuple[int, int]] = {}  # the chain forms'
         for k, swiglu in kinds:
             if gemv_warps_per_row(0, k) == 1:
                 most = GSTREAM_SWIGLU_BLOCKS_PER_SM if swiglu else GSTREAM_BLOCKS_PER_SM
                 blocks, stages = gemv_stream_layout(k, sm_shared, most, fixed_blocks, stage_cap)
                 self.gemv_layout[(k, swiglu)] = (blocks * sms, stages)
-        if self.gemv_layout:
-            stream_shared = max(gemv_stream_shared(k, s) for (k, _), (_, s) in self.gemv_layout.items())
-            for name in ("gemv_stream_bf16", "gemv_stream_swiglu_bf16"):
-                module.kernel(name).set_max_dynamic_shared(stream_shared)
-        for name in ("gemv_stream_bf16", "gemv_stream_swiglu_bf16", "attention_decode", "attention_decode_cluster"):
+                blocks, stages = gemv_stream_layout(k, sm_shared, most, fixed_blocks, stage_cap, CHAIN_TOKENS)
+                self.gemv_chain_layout[(k, swiglu)] = (blocks * sms, stages)
+        for layout, tokens, names in (
+            (self.gemv_layout, 1, ("gemv_stream_bf16", "gemv_stream_swiglu_bf16")),
+            (self.gemv_chain_layout, CHAIN_TOKENS, ("gemv_stream_chain_bf16", "gemv_stream_chain_swiglu_bf16")),
+        ):
+            if layout:
+                most_shared = max(gemv_stream_shared(k, s, tokens) for (k, _), (_, s) in layout.items())
+                for name in names:
+                    module.kernel(name).set_max_dynamic_shared(most_shared)
+        for name in (
+            "gemv_stream_bf16",
+            "gemv_stream_swiglu_bf16",
+            "gemv_stream_chain_bf16",
+            "gemv_stream_chain_swiglu_bf16",
+            "attention_decode",
+            "attention_decode_cluster",
+            "attention_decode_chain",
+            "attention_decode_chain_cluster",
+        ):
             module.kernel(name).prefer_max_shared()
         self.sms = sms
         for tokens in GEMM_MMA_TOKENS:
@@ -503,6 +532,199 @@ class CudaModel:
         """
         return self._build(
             1, tokens_ptr=token_ptr, pos=0, pos_ptr=pos_ptr, head=False, cluster_attention=cluster_attention
+        )
+
+    @property
+    def supports_chains(self) -> bool:
+        """Whether a forward pass can take a forced chain of up to CHAIN_TOKENS tokens: the layered decode step with
+        every GEMV in its streaming form (rows of one warp) and room for the chain's rows."""
+        widths = (self.config.hidden_size, self.q_width, self.config.intermediate_size)
+        return (
+            self.persistent is None
+            and all(gemv_warps_per_row(0, k) == 1 for k in widths)
+            and self.max_prefill >= CHAIN_TOKENS
+        )
+
+    def chain_launches(self, tokens_ptr: int, pos_ptr: int, count_ptr: int, cluster_attention: bool) -> list[Launch]:
+        """The forward pass of a forced chain up to the final norm of its last token (into ``xn``): the tokens at
+        ``tokens_ptr``, *``count_ptr`` of them (2 to CHAIN_TOKENS), from the position at ``pos_ptr`` (device
+        memory, the step's control block). Each token's values are the bits of ``step_launches`` at its position.
+        ``cluster_attention``: attention_decode_chain_cluster (the same bits)."""
+        if not self.supports_chains:
+            raise ValueError("this model's decode step takes no forced chains (see supports_chains)")
+        c, w, k = self.config, self.weights, self.module.kernel
+        eps = float(c.rms_norm_eps)
+        name = "attention_decode_chain_cluster" if cluster_attention else "attention_decode_chain"
+        launches = [
+            Launch(
+                k("embed_gather"),
+                (CHAIN_TOKENS, 1, 1),
+                (THREADS, 1, 1),
+                [
+                    ("ptr", w.embed.ptr),
+                    ("ptr", tokens_ptr),
+                    ("i32", 0),
+                    ("ptr", self.x.ptr),
+                    ("i32", c.hidden_size),
+                    ("i32", c.vocab_size),
+                ],
+            )
+        ]
+        for i, lw in enumerate(w.layers):
+            gemv = self._gemv_chain
+            launches += [
+                gemv(
+                    lw.qkv.ptr,
+                    self.x.ptr,
+                    GEMV_IN_RMSNORM,
+                    lw.input_norm.ptr,
+                    _ptr(lw.qkv_bias),
+                    0,
+                    self.qkv.ptr,
+                    self.qkv_width,
+                    c.hidden_size,
+                    "qkv",
+                    count_ptr,
+                ),
+                Launch(
+                    k("attention_chain_rows"),
+                    (CHAIN_TOKENS, c.num_kv_heads, 1),
+                    (max(32, c.head_dim), 1, 1),
+                    [
+                        ("ptr", self.qkv.ptr),
+                        ("ptr", _ptr(lw.k_norm)),
+                        ("ptr", self.k_cache[i].ptr),
+                        ("ptr", self.v_cache[i].ptr),
+                        ("ptr", pos_ptr),
+                        ("ptr", count_ptr),
+                        ("i32", c.num_heads),
+                        ("i32", c.num_kv_heads),
+                        ("i32", c.head_dim),
+                        ("ptr", self.rope.ptr),
+                        ("f32", eps),
+                    ],
+                    label="attention_chain_rows",
+                ),
+                Launch(
+                    k(name),
+                    (c.num_heads, attention_blocks_per_head(self.max_chunks, cluster_attention), CHAIN_TOKENS),
+                    (ATTN_THREADS, 1, 1),
+                    [
+                        ("ptr", self.qkv.ptr),
+                        ("ptr", _ptr(lw.q_norm)),
+                        ("ptr", _ptr(lw.k_norm)),
+                        ("ptr", self.k_cache[i].ptr),
+                        ("ptr", self.v_cache[i].ptr),
+                        ("ptr", self.attn_partial.ptr),
+                        ("ptr", self.attn.ptr),
+                        ("ptr", self.attn_done.ptr),
+                        ("ptr", pos_ptr),
+                        ("ptr", count_ptr),
+                        ("i32", c.num_heads),
+                        ("i32", c.num_kv_heads),
+                        ("i32", c.head_dim),
+                        ("f32", 1.0 / math.sqrt(c.head_dim)),
+                        ("ptr", self.rope.ptr),
+                        ("f32", eps),
+                        ("i32", self.max_chunks),
+                    ],
+                    label=name,
+                ),
+                gemv(
+                    lw.o.ptr,
+                    self.attn.ptr,
+                    GEMV_IN_PLAIN,
+                    0,
+                    0,
+                    self.x.ptr,
+                    self.x.ptr,
+                    c.hidden_size,
+                    self.q_width,
+                    "o",
+                    count_ptr,
+                ),
+                gemv(
+                    lw.gate_up.ptr,
+                    self.x.ptr,
+                    GEMV_IN_RMSNORM,
+                    lw.post_norm.ptr,
+                    0,
+                    0,
+                    self.act.ptr,
+                    2 * c.intermediate_size,
+                    c.hidden_size,
+                    "gate_up",
+                    count_ptr,
+                    swiglu_out=True,
+                ),
+                gemv(
+                    lw.down.ptr,
+                    self.act.ptr,
+                    GEMV_IN_PLAIN,
+                    0,
+                    0,
+                    self.x.ptr,
+                    self.x.ptr,
+                    c.hidden_size,
+                    c.intermediate_size,
+                    "down",
+                    count_ptr,
+                ),
+            ]
+        launches.append(
+            Launch(
+                k("rmsnorm_last"),
+                (1, 1, 1),
+                (THREADS, 1, 1),
+                [
+                    ("ptr", self.x.ptr),
+                    ("ptr", w.norm.ptr),
+                    ("ptr", self.xn.ptr),
+                    ("i32", c.hidden_size),
+                    ("f32", eps),
+                    ("ptr", count_ptr),
+                ],
+            )
+        )
+        return launches
+
+    def _gemv_chain(
+        self,
+        w: int,
+        x: int,
+        x_mode: int,
+        norm_w: int,
+        bias: int,
+        residual: int,
+        y: int,
+        n_out: int,
+        k_in: int,
+        label: str,
+        count_ptr: int,
+        swiglu_out: bool = False,
+    ) -> Launch:
+        """``_gemv``'s streaming launch in its chain form: rows 0 .. *count_ptr - 1 of x, residual and y."""
+        blocks, stages = self.gemv_chain_layout[(k_in, swiglu_out)]
+        outputs = [("ptr", y)] if swiglu_out else [("ptr", residual), ("ptr", y)]
+        return Launch(
+            self.module.kernel("gemv_stream_chain_swiglu_bf16" if swiglu_out else "gemv_stream_chain_bf16"),
+            (min(gemv_groups(n_out, 1, swiglu_out), blocks), 1, 1),
+            (GSTREAM_THREADS, 1, 1),
+            [
+                ("ptr", w),
+                ("ptr", x),
+                ("ptr", norm_w),
+                ("i32", x_mode),
+                ("f32", float(self.config.rms_norm_eps)),
+                ("ptr", bias),
+                *outputs,
+                ("i32", n_out),
+                ("i32", k_in),
+                ("i32", stages),
+                ("ptr", count_ptr),
+            ],
+            shared_bytes=gemv_stream_shared(k_in, stages, CHAIN_TOKENS),
+            label=f"gemv:{label}",
         )
 
     def dense_head(self) -> Launch:

@@ -10,14 +10,28 @@ from decoder_service.engines.cuda.step import CTL, StepLaunches, StepState
 
 
 class HostLoop:
-    """Seed step, then per token: read the control block, launch forward (host form), mask, head, step.
-    ``cluster_attention``: as ``CudaModel.step_launches`` takes it."""
+    """Seed step, then per step: read the control block, launch the forward pass (the single token's in host form,
+    or a forced chain's, which reads its tokens from the control block), mask, head, step.
+    ``cluster_attention``: as ``CudaModel.step_launches`` takes it; ``chains``: whether the step may leave chains."""
 
-    def __init__(self, model: CudaModel, state: StepState, dense: bool, cluster_attention: bool = False) -> None:
+    def __init__(
+        self, model: CudaModel, state: StepState, dense: bool, cluster_attention: bool = False, chains: bool = False
+    ) -> None:
         self.model = model
         self.state = state
-        self.step = StepLaunches(model, state, dense, cond=0)
+        self.step = StepLaunches(model, state, dense)
         self.forward, self.pos_args = model.step_launches(token_ptr=0, pos_ptr=0, cluster_attention=cluster_attention)
+        ctl = state.ctl.ptr
+        self.chain = (
+            model.chain_launches(
+                tokens_ptr=ctl + 4 * CTL["chain"],
+                pos_ptr=ctl + 4 * CTL["chain_pos"],
+                count_ptr=ctl + 4 * CTL["nchain"],
+                cluster_attention=cluster_attention,
+            )
+            if chains
+            else []
+        )
 
     def run(self) -> Iterator[None]:
         """Decode one answer, pausing after each step (the caller publishes pointers meanwhile)."""
@@ -29,8 +43,12 @@ class HostLoop:
             yield
             if ctl[CTL["done"]] or ctl[CTL["error"]]:
                 return
-            self.forward[0].set(2, int(ctl[CTL["token"]]))  # embed_gather's token_host
-            for launch, index in self.pos_args:
-                launch.set(index, int(ctl[CTL["pos"]]))
-            for launch in (*self.forward, *self.step.launches):
+            if ctl[CTL["nchain"]] > 1:
+                forward = self.chain
+            else:
+                forward = self.forward
+                forward[0].set(2, int(ctl[CTL["token"]]))  # embed_gather's token_host
+                for launch, index in self.pos_args:
+                    launch.set(index, int(ctl[CTL["pos"]]))
+            for launch in (*forward, *self.step.launches):
                 launch(stream)

@@ -43,10 +43,15 @@ CTL = {
     "allowed": 16,
     "flags": 18,
     "forced": 19,
+    "nchain": 20,
+    "chain_pos": 21,
+    "chain": 24,
     "spent": 32,
 }
+CHAIN_TOKENS = 4  # TT_CHAIN_TOKENS
 FLAG_FORCED_TAIL = 1  # TT_FLAG_FORCED_TAIL: the step takes the forced rest of the answer without forward passes
-NO_LOGIT = 0x7FC00000  # TT_NO_LOGIT: the step log's logit for a forced tail's tokens
+FLAG_CHAINS = 2  # TT_FLAG_CHAINS: forced tokens after the chosen one join it in the next forward pass
+NO_LOGIT = 0x7FC00000  # TT_NO_LOGIT: the step log's logit for tokens taken without their own logits
 OUT_COUNT, OUT_FINISHED, OUT_ERROR, OUT_STEPS = 0, 1, 2, 3
 # Record words: pointer id, token count, the device's fp32 running score (diagnostic: the host sums the step
 # log's fp32 terms in float64, as the contract says), step of the closing token, then the tokens.
@@ -71,11 +76,13 @@ class ControlInit:
     allowed_ptr: int = 0
     n_allowed: int = -1  # -1: the whole catalog
     forced_tail: bool = True
+    chains: bool = False
 
     def words(self) -> np.ndarray:
         w = np.zeros(CTL_WORDS, dtype=np.int32)
         w[CTL["pos"]] = self.position
-        w[CTL["flags"]] = FLAG_FORCED_TAIL if self.forced_tail else 0
+        w[CTL["flags"]] = (FLAG_FORCED_TAIL if self.forced_tail else 0) | (FLAG_CHAINS if self.chains else 0)
+        w[CTL["nchain"]] = 1
         w[CTL["owed"]] = self.k
         w[CTL["nallowed"]] = self.n_allowed
         w[CTL["maxsteps"]] = self.max_steps
@@ -189,9 +196,11 @@ class StepState:
 
 
 class StepLaunches:
-    """The launches of one grammar step after a forward pass: mask, head (sparse or dense), step."""
+    """The launches of one grammar step after a forward pass: mask, head (sparse or dense), step. ``conds``: the
+    graph's conditional handles the step sets (the WHILE node's, and the IF node's that picks the chain's forward
+    pass over the single token's; zeros outside a graph)."""
 
-    def __init__(self, model: CudaModel, state: StepState, dense: bool, cond: int = 0) -> None:
+    def __init__(self, model: CudaModel, state: StepState, dense: bool, conds: tuple[int, int] = (0, 0)) -> None:
         k, c = model.module.kernel, model.config
         split = gemv_warps_per_row(c.vocab_size, c.hidden_size)
         assert split <= GEMV_WARPS
@@ -232,7 +241,7 @@ class StepLaunches:
                 ("i32", int(dense)),
                 ("ptr", state.trace.ptr),
                 ("ptr", state.out.ptr),
-                ("u64", cond),
+                *(("u64", cond) for cond in conds),
             ],
         )
 

@@ -66,23 +66,37 @@ def test_greedy_choice_and_score_against_fresh_forward(make_tiny_engine, tiny_ca
     assert state.done
 
 
-def _forced_steps_at_the_end(trie, k: int, tokens: list[int]) -> int:
-    """How many of the answer's last tokens (never its first) had one legal token at their step, replayed."""
+def _forced_steps(trie, k: int, tokens: list[int]) -> list[bool]:
+    """Whether each token of the answer had one legal token at its step, replayed through the grammar."""
     state, forced = GrammarState(trie, k), []
     for token in tokens:
         forced.append(len(state.legal_tokens()) == 1)
         state.advance(token)
-    n = 0
-    while n < len(tokens) - 1 and forced[len(tokens) - 1 - n]:
-        n += 1
-    return n
+    return forced
+
+
+def expected_forward_passes(forced: list[bool], tail: bool, chain: int) -> int:
+    """Forward passes of an answer whose steps were ``forced`` as listed: a step chooses a token (the first comes
+    from the prefill); with ``tail``, when every later token is forced the answer ends there; else the next forced
+    tokens join the chosen one, up to ``chain`` tokens in all, and one pass takes them, unless the answer ended."""
+    i, passes, n = 0, 0, len(forced)
+    while i < n - 1 and not (tail and all(forced[i + 1 :])):
+        j = i + 1
+        while j < n and j - i < chain and forced[j]:
+            j += 1
+        if j == n:
+            break
+        passes, i = passes + 1, j
+    return passes
 
 
 def test_forced_tail_takes_the_same_answer_without_its_forward_passes(make_tiny_engine, tiny_catalog) -> None:
     """Once the grammar forces every remaining token, they are taken without forward passes: the same names,
-    tokens and scores, and one forward pass per token but the first-token-free forced end and the last token."""
-    k, tails = 3, []
+    tokens and scores; the passes that ran are those the engine's rules give (the CUDA engine also feeds forced
+    chains through one pass; ``chain_tokens`` says how long)."""
+    k, forced_ends = 3, []
     with_tail, without = make_tiny_engine(forced_tail=True), make_tiny_engine(forced_tail=False)
+    chain = getattr(with_tail, "chain_tokens", 1)
     for intent in INTENTS:
         fast, s_fast = _run(with_tail, tiny_catalog, intent, k)
         slow, s_slow = _run(without, tiny_catalog, intent, k)
@@ -90,11 +104,11 @@ def test_forced_tail_takes_the_same_answer_without_its_forward_passes(make_tiny_
         answer = []
         for i, p in enumerate(fast):
             answer += [*p.token_ids, tiny_catalog.trie.sep_token if i < k - 1 else tiny_catalog.trie.stop_token]
-        tail = _forced_steps_at_the_end(tiny_catalog.trie, k, answer)
-        assert s_slow.forward_passes == s_slow.tokens_generated - 1
-        assert s_fast.forward_passes == s_fast.tokens_generated - 1 - tail
-        tails.append(tail)
-    assert any(tails), "no answer ended in a forced tail: the test would not see the skip"
+        forced = _forced_steps(tiny_catalog.trie, k, answer)
+        assert s_slow.forward_passes == expected_forward_passes(forced, tail=False, chain=chain)
+        assert s_fast.forward_passes == expected_forward_passes(forced, tail=True, chain=chain)
+        forced_ends.append(forced[-1] and forced[-2])
+    assert any(forced_ends), "no answer ended in forced tokens: the test would not see the skip"
 
 
 @pytest.mark.parametrize("intent", INTENTS)

@@ -277,7 +277,7 @@ class FakeDriver:
     CU_GRAPH_COND_ASSIGN_DEFAULT = 1
     CUstreamCaptureMode = SimpleNamespace(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL=1)
     CUgraphNodeType = SimpleNamespace(CU_GRAPH_NODE_TYPE_CONDITIONAL=11)
-    CUgraphConditionalNodeType = SimpleNamespace(CU_GRAPH_COND_TYPE_WHILE=1)
+    CUgraphConditionalNodeType = SimpleNamespace(CU_GRAPH_COND_TYPE_IF=0, CU_GRAPH_COND_TYPE_WHILE=1)
     CUstreamUpdateCaptureDependencies_flags = SimpleNamespace(CU_STREAM_SET_CAPTURE_DEPENDENCIES=1)
     capturing: int | None = None
 
@@ -313,11 +313,11 @@ class FakeDriver:
 
     def cuGraphAddNode(self, graph: int, deps: Any, data: Any, n: int, params: Any) -> tuple:
         c = params.conditional
-        assert c.type == 1 and c.size == 1, "only WHILE nodes with one body are emulated"
-        body = self._new_graph()
-        c.phGraph_out = [body]
-        self.graphs[graph].append(("while", c.handle, body))
-        return 0, ("node", body)
+        assert (c.type, c.size) in ((1, 1), (0, 1), (0, 2)), "WHILE nodes with one body, IF nodes with one or two"
+        bodies = [self._new_graph() for _ in range(c.size)]
+        c.phGraph_out = bodies
+        self.graphs[graph].append(("while" if c.type == 1 else "if", c.handle, bodies))
+        return 0, ("node", bodies[0])
 
     def cuStreamUpdateCaptureDependencies(self, stream: Any, nodes: Any, data: Any, n: int, flags: Any) -> tuple:
         return (0,)
@@ -339,7 +339,12 @@ class FakeDriver:
                 self.cond_values[item[1]] = item[2]
             elif item[0] == "while":
                 while self.cond_values[item[1]]:
-                    self._replay(item[2])
+                    self._replay(item[2][0])
+            elif item[0] == "if":
+                if self.cond_values[item[1]]:
+                    self._replay(item[2][0])
+                elif len(item[2]) > 1:
+                    self._replay(item[2][1])
             else:
                 f, args, grid, block, shared = item
                 self._run(f, dict(args), grid, block, shared)
@@ -391,6 +396,30 @@ class FakeDriver:
         assert a.N % 2 == 0, "the SwiGLU output needs gate|up rows, an even count"
         m, x = self._gemv_stream_input(a, grid, block, shared, -(-(a.N // 2) // 8))
         self._swiglu_linear(a, m, x)
+
+    def _chain_rows(self, a: SimpleNamespace, block: tuple, shared: int, out_width: int) -> list[SimpleNamespace]:
+        """A chain-form streaming GEMV's tokens, each as a single-token launch's arguments (rows t of x, residual
+        and y), so that every token is emulated exactly as a step of its own."""
+        count = int(self.view(a.count, np.int32, 1)[0])
+        assert 2 <= count <= 4, f"a chain of {count} tokens; the kernel takes 2 to 4"
+        assert block == (256, 1, 1) and shared >= a.stages * 32768 + 4 * 4 * a.K, "the ring and four input rows"
+        rows = []
+        for t in range(count):
+            r = SimpleNamespace(**vars(a))
+            r.x = a.x + 4 * t * a.K
+            r.y = a.y + 4 * t * out_width
+            if getattr(a, "residual", 0):
+                r.residual = a.residual + 4 * t * a.N
+            rows.append(r)
+        return rows
+
+    def k_gemv_stream_chain_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        for r in self._chain_rows(a, block, shared, a.N):
+            self.k_gemv_stream_bf16(r, grid, block, shared)
+
+    def k_gemv_stream_chain_swiglu_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        for r in self._chain_rows(a, block, shared, a.N // 2):
+            self.k_gemv_stream_swiglu_bf16(r, grid, block, shared)
 
     def _swiglu_linear(self, a: SimpleNamespace, m: int, x: np.ndarray) -> None:
         """y = silu(gate) * up of the fused gate|up rows (the SwiGLU-output GEMVs)."""
@@ -481,6 +510,40 @@ class FakeDriver:
         assert grid[0] == a.n_heads and block[0] == 256
         assert abs(a.scale - a.head_dim**-0.5) < 1e-6
         self._decode_attention(a, self._pos(a), a.k_cache, a.v_cache, a.q_norm, a.k_norm, a.out)
+
+    def k_attention_chain_rows(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        hd, h, kv = a.head_dim, a.n_heads, a.n_kv_heads
+        assert grid[0] == 4 and grid[1] == kv and block[0] == max(32, hd)
+        count, pos0 = int(self.view(a.count, np.int32, 1)[0]), self._pos(a)
+        width = (h + 2 * kv) * hd
+        qkv = self.view(a.qkv, np.float32, count * width).reshape(count, width)
+        kn = self._bf16(a.k_norm, hd) if a.k_norm else None
+        _, k, v = ref.qk_norm_rope(qkv, kn, kn, pos0, h, kv, hd, self._rope_rows(a, pos0 + count), a.eps)
+        kc = self.view(a.k_cache, np.float32, (pos0 + count) * kv * hd).reshape(pos0 + count, kv, hd)
+        vc = self.view(a.v_cache, np.float32, (pos0 + count) * kv * hd).reshape(pos0 + count, kv, hd)
+        kc[pos0:], vc[pos0:] = k, v
+
+    def k_attention_decode_chain(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        """Token t of the chain as attention_decode at its position, with its own records and counters."""
+        assert grid[0] == a.n_heads and grid[2] == 4 and block[0] == 256
+        hd, h, kv = a.head_dim, a.n_heads, a.n_kv_heads
+        count, pos0 = int(self.view(a.count, np.int32, 1)[0]), self._pos(a)
+        for t in range(count):
+            r = SimpleNamespace(**vars(a))
+            r.qkv = a.qkv + 4 * t * (h + 2 * kv) * hd
+            r.partial = a.partial + 4 * t * h * a.max_chunks * (hd + 2)
+            r.done = a.done + 4 * t * h
+            self._decode_attention(r, pos0 + t, a.k_cache, a.v_cache, a.q_norm, a.k_norm, a.out + 4 * t * h * hd)
+
+    def k_attention_decode_chain_cluster(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        assert grid[1] % ATTN_CLUSTER == 0, f"{grid[1]} blocks a head are not whole clusters of {ATTN_CLUSTER}"
+        self.k_attention_decode_chain(a, grid, block, shared)
+
+    def k_rmsnorm_last(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        assert grid == (1, 1, 1)
+        last = int(self.view(a.count, np.int32, 1)[0]) - 1
+        x = self.view(a.x + 4 * last * a.n, np.float32, a.n).reshape(1, a.n)
+        self.view(a.out, np.float32, a.n)[:] = ref.rmsnorm(x, self._bf16(a.w, a.n), a.eps).ravel()
 
     def k_attention_decode_cluster(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         """attention_decode's arithmetic; its compile-time clusters need a grid of whole clusters a head."""
@@ -617,8 +680,11 @@ class FakeDriver:
         if not (ctl[5] or ctl[6]):
             self._step(a, ctl, out)
         out[3], out[2], out[1] = ctl[7], ctl[6], int(bool(ctl[5] or ctl[6]))
-        if a.cond:
-            self.cond_values[a.cond] = int(not (ctl[5] or ctl[6]))
+        go = not (ctl[5] or ctl[6])
+        if a.cond_loop:
+            self.cond_values[a.cond_loop] = int(go)
+        if a.cond_chain:
+            self.cond_values[a.cond_chain] = int(go and ctl[20] > 1)
 
     def _step(self, a: SimpleNamespace, ctl: np.ndarray, out: np.ndarray) -> None:
         n = int(ctl[9])
@@ -639,14 +705,27 @@ class FakeDriver:
         logprob = np.float32(top - np.float32(top + np.log(z)))
         token, edge = int(cand[win]), int(cand[a.cand_cap + win])
         trie = self._trie(ctl)
+        first_pos = int(ctl[1]) + 1
+        ctl[20] = 1
         self._take(a, ctl, out, trie, edge, token, int(np.float32(top).view(np.int32)), logprob)
-        if ctl[6] or ctl[5] or not ctl[18] & 1 or not self._tail_is_forced(ctl, trie):
+        if ctl[6] or ctl[5]:
             return
-        while not (ctl[5] or ctl[6]):  # the forced tail: no logits, log-prob 0
+        tail = bool(ctl[18] & 1) and self._tail_is_forced(ctl, trie)
+        if not tail and not ctl[18] & 2:
+            return
+        chain = [token]
+        while not (ctl[5] or ctl[6]) and (tail or len(chain) < 4):  # no logits, log-prob 0
             edge = self._sole_live_edge(ctl, trie)
+            if edge < 0 and not tail:
+                break
             token = int(trie[0][trie[3] + 4 * edge]) if edge >= 0 else -1
             self._take(a, ctl, out, trie, edge, token, 0x7FC00000, np.float32(0.0))
             ctl[19] += 1
+            if not tail:
+                chain.append(token)
+        if not tail and len(chain) > 1:
+            ctl[20], ctl[21] = len(chain), first_pos
+            ctl[24 : 24 + len(chain)] = chain
 
     def _sole_live_edge(self, ctl: np.ndarray, trie: tuple[np.ndarray, int, int, int]) -> int:
         w, node = trie[0], int(ctl[2])

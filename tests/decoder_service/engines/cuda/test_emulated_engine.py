@@ -140,8 +140,8 @@ def test_cluster_attention_serves_the_requests_that_fit_it(fake_driver, tiny_mod
         engine = CudaEngine(*tiny_model, loop=loop, module=Module(b"cubin"), max_context=512)  # the default: on
         fake_driver.launches.clear()
         events = list(engine.decode(DecodeRequest("Read the config file", 2, tiny_catalog)))
-        used = {name for name in fake_driver.launches if name.startswith("attention_decode")}
-        assert used == {expected}
+        used = {name.replace("_chain", "") for name in fake_driver.launches if name.startswith("attention_decode")}
+        assert used == {expected}  # the chain forms (attention_decode_chain*) follow the same choice
         answers[expected] = [e.name for e in events[:-1]]
         engine.free()
     off = CudaEngine(*tiny_model, loop=loop, module=Module(b"cubin"), max_context=512, cluster_attention=False)
@@ -150,7 +150,7 @@ def test_cluster_attention_serves_the_requests_that_fit_it(fake_driver, tiny_mod
     assert [e.name for e in list(off.decode(DecodeRequest("Read the config file", 2, tiny_catalog)))[:-1]] == answers[
         "attention_decode"
     ]
-    assert "attention_decode_cluster" not in fake_driver.launches
+    assert not {"attention_decode_cluster", "attention_decode_chain_cluster"} & set(fake_driver.launches)
     off.free()
     assert answers["attention_decode_cluster"] == answers["attention_decode"]
 
@@ -170,3 +170,46 @@ def test_cluster_attention_switch_comes_from_the_environment(fake_driver, tiny_m
     monkeypatch.setenv(CLUSTER_ATTENTION_ENV, "2")
     with pytest.raises(ValueError, match="TOOLTRIE_CLUSTER_ATTENTION=2 is out of range"):
         CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=512)
+
+
+@pytest.mark.parametrize("loop", ["host", "graph"])
+def test_forced_chains_give_the_answer_of_a_pass_per_token(fake_driver, tiny_model, tiny_catalog, loop) -> None:
+    """The tokens the grammar forces after a chosen one go through one forward pass (the kernels' chain forms, the
+    graph's IF node): the pointers, tokens and scores of a pass per token, in fewer passes."""
+    from decoder_service.engines.base import DecodeRequest
+    from decoder_service.engines.cuda.engine import CudaEngine
+    from decoder_service.engines.cuda.module import Module
+
+    answers, passes = {}, {}
+    for chains in (True, False):
+        engine = CudaEngine(
+            *tiny_model, loop=loop, module=Module(b"cubin"), max_context=512, forced_chains=chains, forced_tail=False
+        )
+        assert engine.chain_tokens == (4 if chains else 1)
+        fake_driver.launches.clear()
+        events = list(engine.decode(DecodeRequest("Tell the team the deploy is done", 3, tiny_catalog)))
+        answers[chains] = [(e.name, e.token_ids, e.score) for e in events[:-1]]
+        passes[chains] = events[-1].forward_passes
+        assert ("gemv_stream_chain_bf16" in fake_driver.launches) is chains
+        engine.free()
+    assert answers[True] == answers[False]
+    assert passes[True] < passes[False]
+
+
+def test_forced_chains_need_the_layered_streaming_step(fake_driver, tiny_model, monkeypatch) -> None:
+    from decoder_service.engines.cuda.engine import CudaEngine
+    from decoder_service.engines.cuda.module import Module
+    from decoder_service.engines.env import FORCED_CHAINS_ENV
+
+    monkeypatch.delenv(FORCED_CHAINS_ENV, raising=False)
+    layered = CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=512)
+    persistent = CudaEngine(
+        *tiny_model, loop="host", module=Module(b"cubin"), max_context=512, decode_kernel="persistent"
+    )
+    assert layered.chains and not persistent.chains and persistent.chain_tokens == 1
+    with pytest.raises(ValueError, match="takes no forced chains"):
+        persistent.model.chain_launches(0, 0, 0, cluster_attention=False)
+    monkeypatch.setenv(FORCED_CHAINS_ENV, "0")
+    assert not CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=512).chains
+    for engine in (layered, persistent):
+        engine.free()

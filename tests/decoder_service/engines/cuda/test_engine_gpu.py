@@ -11,6 +11,7 @@ Gates (every token and every logit bit of the answer compared through the step t
     are) == merged through global records and a counter, in both loops
  11 the forced tail taken without forward passes (the default) == a forward pass after every token, in both loops
     (the tail's step-log rows carry no logit; tokens, log-probs and pointers are compared)
+ 12 forced chains through one forward pass (the default) == a forward pass per token, in both loops (as gate 11)
 Every engine runs the product's defaults but for the one setting its gate varies.
 Models are synthetic (fixed seeds, generated here); catalogs are explicit token sequences.
 """
@@ -75,8 +76,9 @@ def engines(qwen3_tiny) -> Iterator[Callable[..., Engine]]:
         decode_kernel: str | None = None,
         cluster_attention: bool | None = None,
         forced_tail: bool | None = None,
+        forced_chains: bool | None = None,
     ) -> CudaEngine:
-        key = (head, loop, placement, pdl, decode_kernel, cluster_attention, forced_tail)
+        key = (head, loop, placement, pdl, decode_kernel, cluster_attention, forced_tail, forced_chains)
         if key not in made:
             made[key] = CudaEngine(
                 *qwen3_tiny,
@@ -88,6 +90,7 @@ def engines(qwen3_tiny) -> Iterator[Callable[..., Engine]]:
                 decode_kernel=decode_kernel,
                 cluster_attention=cluster_attention,
                 forced_tail=forced_tail,
+                forced_chains=forced_chains,
             )
         return made[key]
 
@@ -219,7 +222,7 @@ def test_gate9_persistent_decode_kernel_equals_layered_kernels(engines, product_
 def test_gate10_cluster_attention_equals_global_merge(engines, product_trie, reference_answers) -> None:
     intents = _intents(N_GATE_INTENTS, PRESETS["tiny"].vocab_size, 11)
     # (loop, dense head, cluster attention): the reference's short requests took the cluster kernel
-    assert ("host", False, True) in engines("sparse", "host")._drivers
+    assert ("host", False, True, True) in engines("sparse", "host")._drivers
     merged = {loop: engines("sparse", loop, cluster_attention=False) for loop in ("graph", "host")}
     answers = {loop: _answers(engine, product_trie, intents) for loop, engine in merged.items()}
     assert all(key[2] is False for engine in merged.values() for key in engine._drivers)
@@ -230,21 +233,37 @@ def test_gate10_cluster_attention_equals_global_merge(engines, product_trie, ref
     )
 
 
-def test_gate11_forced_tail_equals_a_forward_pass_per_token(engines, product_trie, reference_answers) -> None:
+def test_gate11_forced_tail_equals_a_forward_pass_per_token(engines, product_trie) -> None:
+    intents = _intents(N_GATE_INTENTS, PRESETS["tiny"].vocab_size, 11)
+    # without chains, which would take a short tail as a chain of their own
+    tail = _answers(engines("sparse", "host", forced_chains=False), product_trie, intents)
+    ok, taken = _same_but_unscored(tail, engines, product_trie, forced_tail=False, forced_chains=False)
+    _gate("11 forced tail without forward passes == a forward pass per token", ok, tokens_without_pass=taken)
+
+
+def test_gate12_forced_chains_equal_a_forward_pass_per_token(engines, product_trie, reference_answers) -> None:
+    assert engines("sparse", "host").chains  # the reference answers fed forced chains through one pass
+    ok, taken = _same_but_unscored(reference_answers, engines, product_trie, forced_chains=False)
+    _gate("12 forced chains in one forward pass == a forward pass per token", ok, tokens_without_pass=taken)
+
+
+def _same_but_unscored(reference, engines, trie, **switches: bool) -> tuple[bool, int]:
+    """Whether the engines with ``switches`` give the ``reference`` answers in both loops: the same pointers, and
+    the same step log but where the reference took a token without its logits (TT_NO_LOGIT rows); and how many such
+    rows the reference has beyond theirs (0 means the gate saw nothing)."""
     from decoder_service.engines.cuda.step import NO_LOGIT
 
     intents = _intents(N_GATE_INTENTS, PRESETS["tiny"].vocab_size, 11)
-    assert engines("sparse", "host").forced_tail  # the reference answers took their forced tails
-    tail_rows = sum(int((trace[:, 1] == NO_LOGIT).sum()) for _, trace in reference_answers)
-    ok = tail_rows > 0
+    ok, extra = True, 0
     for loop in ("graph", "host"):
         for (pointers, trace), (ref_pointers, ref_trace) in zip(
-            _answers(engines("sparse", loop, forced_tail=False), product_trie, intents), reference_answers, strict=True
+            _answers(engines("sparse", loop, **switches), trie, intents), reference, strict=True
         ):
             computed = ref_trace[:, 1] != NO_LOGIT
             ok &= pointers == ref_pointers and np.array_equal(trace[:, [0, 2]], ref_trace[:, [0, 2]])
-            ok &= np.array_equal(trace[computed, 1], ref_trace[computed, 1]) and NO_LOGIT not in trace[:, 1]
-    _gate("11 forced tail without forward passes == a forward pass per token", ok, tail_tokens=tail_rows)
+            ok &= np.array_equal(trace[computed, 1], ref_trace[computed, 1])
+            extra += int((~computed).sum() - (trace[:, 1] == NO_LOGIT).sum())
+    return ok and extra > 0, extra
 
 
 def test_wide_node_uses_dense_head(engines) -> None:
