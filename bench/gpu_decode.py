@@ -5,9 +5,10 @@ unconstrained step (forward + dense head + argmax, captured as a straight-line g
 
 Per-token time = an answer's decode wall time (first step to the summary, pointers streamed meanwhile) divided
 by its generated tokens, the median over the intents after one warm-up answer. Every variant but one runs a
-forward pass after every token but the last (``forced_tail=False``), so its per-token time is the cost of a
-step; the "forced tail" variant is the product's default, which takes the answer's forced end without forward
-passes (the same answers), timed per generated token and per forward pass.
+forward pass after every token but the last (``forced_tail=False, forced_chains=False``), so its per-token time is
+the cost of a step; the "default" variant is the product's, which takes the answer's forced end without forward
+passes and feeds forced chains through one pass (the same answers), timed per generated token and per forward
+pass.
 
     PYTHONPATH=. python3 bench/gpu_decode.py --out results/bench_gpu_decode.json
 """
@@ -77,7 +78,9 @@ def bench_shape(name: str, n_intents: int, k: int, prompt: int) -> dict:
         if engine is None or engine.loop != loop:
             if engine is not None:
                 engine.free()
-            engine = CudaEngine(cfg, weights, head=head, loop=loop, max_context=1024, forced_tail=False)
+            engine = CudaEngine(
+                cfg, weights, head=head, loop=loop, max_context=1024, forced_tail=False, forced_chains=False
+            )
         engine.head = head
         out[f"{loop}/{head}"] = measure(engine, trie, prefix, intents, k)
         if (loop, head) == ("graph", "sparse"):  # (loop, dense head, cluster attention): the default's drivers
@@ -89,7 +92,14 @@ def bench_shape(name: str, n_intents: int, k: int, prompt: int) -> dict:
     from decoder_service.engines.cuda.engine import load_module
 
     engine = CudaEngine(
-        cfg, weights, head="sparse", loop="graph", max_context=1024, module=load_module(pdl=False), forced_tail=False
+        cfg,
+        weights,
+        head="sparse",
+        loop="graph",
+        max_context=1024,
+        module=load_module(pdl=False),
+        forced_tail=False,
+        forced_chains=False,
     )
     out["graph/sparse/no-pdl"] = measure(engine, trie, prefix, intents, k)
     print(f"{name:18s} graph sparse no PDL {out['graph/sparse/no-pdl']['ms_per_token']:8.3f} ms/token", flush=True)
@@ -97,7 +107,14 @@ def bench_shape(name: str, n_intents: int, k: int, prompt: int) -> dict:
     # The same graph loop with decode attention merged through global records and a counter (attention_decode) where
     # the default merges each head's chunks inside a thread-block cluster (requests within 256 positions, as these).
     engine = CudaEngine(
-        cfg, weights, head="sparse", loop="graph", max_context=1024, cluster_attention=False, forced_tail=False
+        cfg,
+        weights,
+        head="sparse",
+        loop="graph",
+        max_context=1024,
+        cluster_attention=False,
+        forced_tail=False,
+        forced_chains=False,
     )
     out["graph/sparse/global-merge"] = measure(engine, trie, prefix, intents, k)
     print(
@@ -107,7 +124,14 @@ def bench_shape(name: str, n_intents: int, k: int, prompt: int) -> dict:
     engine.free()
     # The same graph loop with the decode step as one persistent kernel (cuda/decode_persistent.cuh), and its step.
     engine = CudaEngine(
-        cfg, weights, head="sparse", loop="graph", max_context=1024, decode_kernel="persistent", forced_tail=False
+        cfg,
+        weights,
+        head="sparse",
+        loop="graph",
+        max_context=1024,
+        decode_kernel="persistent",
+        forced_tail=False,
+        forced_chains=False,
     )
     out["graph/sparse/persistent"] = measure(engine, trie, prefix, intents, k)
     engine.model.set_decode_position(prompt + 10)
@@ -116,12 +140,14 @@ def bench_shape(name: str, n_intents: int, k: int, prompt: int) -> dict:
         f"{name:18s} graph sparse persistent {out['graph/sparse/persistent']['ms_per_token']:8.3f} ms/token", flush=True
     )
     engine.free()
-    # The product's default: the answer's forced end taken without forward passes.
-    engine = CudaEngine(cfg, weights, head="sparse", loop="graph", max_context=1024, forced_tail=True)
-    out["graph/sparse/forced-tail"] = measure(engine, trie, prefix, intents, k)
-    tail = out["graph/sparse/forced-tail"]
+    # The product's default: the answer's forced end without forward passes, forced chains through one pass.
+    engine = CudaEngine(
+        cfg, weights, head="sparse", loop="graph", max_context=1024, forced_tail=True, forced_chains=True
+    )
+    out["graph/sparse/default"] = measure(engine, trie, prefix, intents, k)
+    tail = out["graph/sparse/default"]
     print(
-        f"{name:18s} graph sparse forced tail {tail['ms_per_token']:8.3f} ms/token, "
+        f"{name:18s} graph sparse default (forced tail, chains) {tail['ms_per_token']:8.3f} ms/token, "
         f"{tail['ms_per_forward_pass']:.3f} ms/forward pass, {tail['forward_passes_per_answer']:.1f} passes "
         f"for {tail['tokens_per_answer']:.1f} tokens",
         flush=True,
@@ -144,7 +170,7 @@ def bench_shape(name: str, n_intents: int, k: int, prompt: int) -> dict:
             "graph/sparse/no-pdl",
             "graph/sparse/global-merge",
             "graph/sparse/persistent",
-            "graph/sparse/forced-tail",
+            "graph/sparse/default",
         ]
     )
     out["all_variants_same_answers"] = same
@@ -153,8 +179,8 @@ def bench_shape(name: str, n_intents: int, k: int, prompt: int) -> dict:
 
 
 def tail_cell(b: dict, key: str) -> str:
-    """A forced-tail figure of one shape's results (absent from runs before the variant existed)."""
-    value = b.get("graph/sparse/forced-tail", {}).get(key)
+    """A figure of the default variant (absent from runs before it existed)."""
+    value = b.get("graph/sparse/default", {}).get(key)
     return "-" if value is None else f"{value:.3f} ms"
 
 
@@ -256,9 +282,9 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
         "Random bf16 weights, 200-token cached prefix, 10-token intents, k = 3, 40-name catalog; median over 10",
         "answers of decode wall time / generated tokens (pointers streamed to the host while the loop runs).",
         "Every column but the last two runs a forward pass after every token but the last, so it times a step;",
-        "the forced-tail columns are the product's default, which takes the answer's forced end (the tokens after",
-        "which the grammar leaves one legal token at every step) without forward passes, timed per generated",
-        "token and per forward pass.",
+        "the default columns are the product's, which takes the answer's forced end (the tokens after which the",
+        "grammar leaves one legal token at every step) without forward passes and feeds the tokens it forces after",
+        "a chosen one through the same pass (up to 4), timed per generated token and per forward pass.",
         "Kernels are launched with programmatic dependent launch (PDL) unless the column says otherwise. The",
         "default merges each head's attention chunks inside a thread-block cluster (attention_decode_cluster, for",
         "requests within 256 positions); it took that kernel: "
@@ -268,7 +294,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
         "| model | graph + sparse | graph + sparse, no PDL | graph + sparse, global merge "
         "| graph + sparse, persistent decode kernel | graph + dense | host + sparse | host + dense "
         "| forward only (graph) | unconstrained forward + dense head + argmax (graph) | tokens per answer "
-        "| forced tail: per token | forced tail: per forward pass (passes per answer) |",
+        "| default: per token | default: per forward pass (passes per answer) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for b in bench["shapes"]:
@@ -283,7 +309,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
             f"| {b.get('forward_only_graph_ms_per_token', float('nan')):.3f} ms "
             f"| {b['unconstrained_graph_ms_per_token']:.3f} ms | {b['graph/sparse']['tokens_per_answer']:.1f} "
             f"| {tail_cell(b, 'ms_per_token')} | {tail_cell(b, 'ms_per_forward_pass')}"
-            f" ({b.get('graph/sparse/forced-tail', {}).get('forward_passes_per_answer', float('nan')):.1f}) |"
+            f" ({b.get('graph/sparse/default', {}).get('forward_passes_per_answer', float('nan')):.1f}) |"
         )
     lines += [
         "",
