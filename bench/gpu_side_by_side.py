@@ -897,7 +897,8 @@ def render_markdown(result: dict[str, Any], env: list[str]) -> str:
                 "| --- | --- |",
                 f"| time to first pointer (decode call to the first pointer event, prefix KV cached) "
                 f"| {_ms(e['first_pointer_ms'])} |",
-                f"| the same, the default (forced tail and chains) | {_ms(e.get(DEFAULT, {}).get('first_pointer_ms'))} |",
+                f"| the same, the default (forced tail and chains) "
+                f"| {_ms(e.get(DEFAULT, {}).get('first_pointer_ms'))} |",
                 f"| prefill with the prefix KV cached (request suffix only) | {_ms(e['prefill_cached_ms'])} |",
                 f"| prefill without it (prefix + suffix) | {_ms(e['prefill_uncached_ms'])} |",
                 f"| tokens per answer (mean) | {statistics.mean(e['graph/sparse']['tokens']):.1f} |",
