@@ -14,7 +14,11 @@
 // same butterfly, and the writer adds bias and residual (or takes silu_mul of the gate and up rows) as gemv_bf16
 // (gemv_swiglu_bf16) does. Block b owns row groups b, b + gridDim.x, ... of the G groups of 8 output rows, as
 // gemv_bf16's blocks do; any grid up to G covers every row once, and the grid changes no result.
-// Requires K % 8 == 0, as gemv_bf16. Dynamic shared memory: stages * GSTREAM_TILE_BYTES + K * 4 bytes.
+// The chain forms (gemv_stream_chain_*) take a forced chain's 2 to GSTREAM_CHAIN_TOKENS tokens in one pass over the
+// weights: every token's input row is staged, and each chunk a lane reads from the ring goes into every token's sum,
+// in the order above, so each token's row is the single-token kernel's bits.
+// Requires K % 8 == 0, as gemv_bf16. Dynamic shared memory: stages * GSTREAM_TILE_BYTES + K * 4 bytes (the chain
+// forms: + GSTREAM_CHAIN_TOKENS * K * 4).
 #pragma once
 #include "async_copy.cuh"
 #include "common.cuh"
