@@ -168,6 +168,41 @@ def alone_costs(stream: Stream, launches: list[Launch], repeats: int = 100) -> d
     return out
 
 
+def chain_study(stream: Stream, model: CudaModel, positions: list[int]) -> dict[str, object]:
+    """A forced chain's forward pass (``CudaModel.chain_launches``, graph replays, no head) of 2, 3 and 4 tokens
+    against the single token's at each position, and each launch group's share of the 4-token pass."""
+    from decoder_service.engines.cuda.forward import CHAIN_TOKENS, CLUSTER_ATTENTION_POSITIONS
+    from decoder_service.engines.cuda.step import CTL, CTL_WORDS
+
+    ctl = DeviceBuffer(CTL_WORDS * 4)
+    out: dict[str, object] = {}
+    for position in positions:
+        cluster = position + CHAIN_TOKENS <= CLUSTER_ATTENTION_POSITIONS
+        single, pos_args = model.step_launches(token_ptr=0, pos_ptr=0, cluster_attention=cluster)
+        single[0].set(2, 1000)
+        for launch, index in pos_args:
+            launch.set(index, position)
+        row: dict[str, object] = {"cluster_attention": cluster, "single_ms": graph_ms(stream, single, 20)}
+        chain = model.chain_launches(
+            ctl.ptr + 4 * CTL["chain"], ctl.ptr + 4 * CTL["chain_pos"], ctl.ptr + 4 * CTL["nchain"], cluster
+        )
+        for m in range(2, CHAIN_TOKENS + 1):
+            words = np.zeros(CTL_WORDS, dtype=np.int32)
+            words[CTL["nchain"]], words[CTL["chain_pos"]] = m, position
+            words[CTL["chain"] : CTL["chain"] + m] = 1000 + np.arange(m)
+            ctl.upload(words, stream)
+            row[f"chain{m}_ms"] = graph_ms(stream, chain, 20)
+        full = row[f"chain{CHAIN_TOKENS}_ms"]
+        row["chain_breakdown_ms"] = {
+            label: full - graph_ms(stream, [launch for launch in chain if launch.label != label], 20)
+            for label in sorted({launch.label for launch in chain})
+        }
+        out[str(position)] = row
+        print(f"chain study at {position}: {row}", flush=True)
+    ctl.free()
+    return out
+
+
 def prefill_study(stream: Stream, model: CudaModel, prefix: int, suffix: int) -> dict[str, object]:
     """Where a request suffix's prefill spends its time: building its launch list on the host, the whole call
     (launches and wait; the model keeps a shape's launch list after its first prefill), the launch list alone on
@@ -356,6 +391,17 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
             f"list skips after the first), the same launches replayed as a graph {pre['graph_ms']:.1f} ms. Each "
             f"kernel's share of the graph (launches): {shares}.",
         ]
+    for position, row in (b.get("forced_chain") or {}).items():
+        shares = ", ".join(
+            f"{label} {ms:.3f}" for label, ms in sorted(row["chain_breakdown_ms"].items(), key=lambda kv: -kv[1])
+        )
+        lines += [
+            "",
+            f"A forced chain's forward pass at position {position} (graph replays, no head; "
+            f"{'cluster' if row['cluster_attention'] else 'global'} attention merge): 2 tokens "
+            f"{row['chain2_ms']:.3f} ms, 3 tokens {row['chain3_ms']:.3f} ms, 4 tokens {row['chain4_ms']:.3f} ms, "
+            f"against {row['single_ms']:.3f} ms for one token. Each group's share of the 4-token pass (ms): {shares}.",
+        ]
     lines += [
         "",
         "Notes:",
@@ -387,8 +433,8 @@ def main() -> int:
     )
     parser.add_argument(
         "--sweeps",
-        default="breakdown,grid,prefix,alone,sync,prefill",
-        help="comma-separated studies: breakdown, grid, prefix, alone, sync, prefill (default: all)",
+        default="breakdown,grid,prefix,alone,sync,prefill,chain",
+        help="comma-separated studies: breakdown, grid, prefix, alone, sync, prefill, chain (default: all)",
     )
     args = parser.parse_args()
     sweeps = set(args.sweeps.split(",")) - {""}
@@ -434,6 +480,7 @@ def main() -> int:
     alone = alone_costs(stream, step) if "alone" in sweeps else {}
     sync = sync_cost() if "sync" in sweeps else {}
     prefill_parts = prefill_study(stream, model, args.prompt, 36) if "prefill" in sweeps else {}
+    chains = chain_study(stream, model, [args.prompt, args.prompt + 508]) if "chain" in sweeps else {}
     head = next(launch for launch in step if launch.label == "gemv:head")
     head_ms = time_events(stream, lambda: head(stream), 20)
 
@@ -470,6 +517,7 @@ def main() -> int:
         "alone_us_per_launch": alone,
         "sync_cost_us": sync,
         "suffix_prefill": prefill_parts,
+        "forced_chain": chains,
         "tokens_head": tokens[:8],
     }
     model.free()
