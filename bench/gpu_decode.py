@@ -73,14 +73,19 @@ def bench_shape(name: str, n_intents: int, k: int, prompt: int) -> dict:
     prefix = rng.integers(200, cfg.vocab_size, prompt).tolist()
     intents = [rng.integers(200, cfg.vocab_size, 10).tolist() for _ in range(n_intents)]
     out: dict = {"shape": name, "k": k, "prompt_prefix": prompt, "trie_device_bytes": trie.stats.device_bytes}
+
+    def stepping(**options: object) -> CudaEngine:
+        """A graph-loop, sparse-head engine with a forward pass per token (no forced tail or chains), ``options``
+        changing one setting."""
+        settings = {"head": "sparse", "loop": "graph", "forced_tail": False, "forced_chains": False, **options}
+        return CudaEngine(cfg, weights, max_context=1024, **settings)
+
     engine = None
     for loop, head in VARIANTS:
         if engine is None or engine.loop != loop:
             if engine is not None:
                 engine.free()
-            engine = CudaEngine(
-                cfg, weights, head=head, loop=loop, max_context=1024, forced_tail=False, forced_chains=False
-            )
+            engine = stepping(head=head, loop=loop)
         engine.head = head
         out[f"{loop}/{head}"] = measure(engine, trie, prefix, intents, k)
         if (loop, head) == ("graph", "sparse"):  # (loop, dense head, cluster attention): the default's drivers
@@ -91,31 +96,13 @@ def bench_shape(name: str, n_intents: int, k: int, prompt: int) -> dict:
     # The same graph loop with every kernel launched the classic way (no programmatic dependent launch).
     from decoder_service.engines.cuda.engine import load_module
 
-    engine = CudaEngine(
-        cfg,
-        weights,
-        head="sparse",
-        loop="graph",
-        max_context=1024,
-        module=load_module(pdl=False),
-        forced_tail=False,
-        forced_chains=False,
-    )
+    engine = stepping(module=load_module(pdl=False))
     out["graph/sparse/no-pdl"] = measure(engine, trie, prefix, intents, k)
     print(f"{name:18s} graph sparse no PDL {out['graph/sparse/no-pdl']['ms_per_token']:8.3f} ms/token", flush=True)
     engine.free()
     # The same graph loop with decode attention merged through global records and a counter (attention_decode) where
     # the default merges each head's chunks inside a thread-block cluster (requests within 256 positions, as these).
-    engine = CudaEngine(
-        cfg,
-        weights,
-        head="sparse",
-        loop="graph",
-        max_context=1024,
-        cluster_attention=False,
-        forced_tail=False,
-        forced_chains=False,
-    )
+    engine = stepping(cluster_attention=False)
     out["graph/sparse/global-merge"] = measure(engine, trie, prefix, intents, k)
     print(
         f"{name:18s} graph sparse global merge {out['graph/sparse/global-merge']['ms_per_token']:8.3f} ms/token",
@@ -123,16 +110,7 @@ def bench_shape(name: str, n_intents: int, k: int, prompt: int) -> dict:
     )
     engine.free()
     # The same graph loop with the decode step as one persistent kernel (cuda/decode_persistent.cuh), and its step.
-    engine = CudaEngine(
-        cfg,
-        weights,
-        head="sparse",
-        loop="graph",
-        max_context=1024,
-        decode_kernel="persistent",
-        forced_tail=False,
-        forced_chains=False,
-    )
+    engine = stepping(decode_kernel="persistent")
     out["graph/sparse/persistent"] = measure(engine, trie, prefix, intents, k)
     engine.model.set_decode_position(prompt + 10)
     out["persistent_unconstrained_graph_ms_per_token"] = graph_ms(engine.model.stream, engine.model.decode_launches)
@@ -141,9 +119,7 @@ def bench_shape(name: str, n_intents: int, k: int, prompt: int) -> dict:
     )
     engine.free()
     # The product's default: the answer's forced end without forward passes, forced chains through one pass.
-    engine = CudaEngine(
-        cfg, weights, head="sparse", loop="graph", max_context=1024, forced_tail=True, forced_chains=True
-    )
+    engine = stepping(forced_tail=True, forced_chains=True)
     out["graph/sparse/default"] = measure(engine, trie, prefix, intents, k)
     tail = out["graph/sparse/default"]
     print(

@@ -337,23 +337,8 @@ class CudaModel:
         """
         c, w, k = self.config, self.weights, self.module.kernel
         eps = float(c.rms_norm_eps)
-        launches: list[Launch] = []
+        launches: list[Launch] = [self._embed(n, tokens_ptr)]
         pos_args: list[tuple[Launch, int]] = []
-        launches.append(
-            Launch(
-                k("embed_gather"),
-                (n, 1, 1),
-                (THREADS, 1, 1),
-                [
-                    ("ptr", w.embed.ptr),
-                    ("ptr", tokens_ptr),
-                    ("i32", 0),
-                    ("ptr", self.x.ptr),
-                    ("i32", c.hidden_size),
-                    ("i32", c.vocab_size),
-                ],
-            )
-        )
         if n == 1 and self.persistent is not None:  # every layer in one launch (cuda/decode_persistent.cuh)
             step = self.persistent.launch(pos_ptr, pos)
             launches.append(step)
@@ -364,112 +349,55 @@ class CudaModel:
             # Decode (n == 1) fuses each RMSNorm into the GEMV that consumes it and the SwiGLU into the gate|up
             # GEMV that produces it; prefill runs them as separate kernels around the tiled GEMM.
             if n == 1:
-                launches.append(
-                    self._gemv(
-                        lw.qkv.ptr,
-                        self.x.ptr,
-                        GEMV_IN_RMSNORM,
-                        lw.input_norm.ptr,
-                        _ptr(lw.qkv_bias),
-                        0,
-                        self.qkv.ptr,
-                        self.qkv_width,
-                        c.hidden_size,
-                        "qkv",
-                    )
-                )
-            else:
-                launches.append(self._rmsnorm(self.x.ptr, lw.input_norm.ptr, self.xn.ptr, n, eps))
-                launches.append(
-                    self._gemm(
-                        lw.qkv.ptr, self.xn.ptr, _ptr(lw.qkv_bias), 0, self.qkv.ptr, n, self.qkv_width, c.hidden_size
-                    )
-                )
-            if n == 1:  # one kernel: rotary embedding, cache write, split attention and merge
-                attn = self._decode_attention(i, pos_ptr, pos, cluster_attention)
-                launches.append(attn)
-                pos_args.append((attn, 9))
-            else:
-                rope = Launch(
-                    k("qk_norm_rope_cache"),
-                    (n, c.num_heads + c.num_kv_heads, 1),
-                    (max(32, c.head_dim), 1, 1),  # whole warps: the block sum folds warps
-                    [
-                        ("ptr", self.qkv.ptr),
-                        ("ptr", _ptr(lw.q_norm)),
-                        ("ptr", _ptr(lw.k_norm)),
-                        ("ptr", self.k_cache[i].ptr),
-                        ("ptr", self.v_cache[i].ptr),
-                        ("ptr", pos_ptr),
-                        ("i32", pos),
-                        ("i32", c.num_heads),
-                        ("i32", c.num_kv_heads),
-                        ("i32", c.head_dim),
-                        ("ptr", self.rope.ptr),
-                        ("f32", eps),
-                    ],
-                )
-                attn = Launch(
-                    k("attention"),
-                    (c.num_heads, n, 1),
-                    (ATTN_THREADS, 1, 1),
-                    [
-                        ("ptr", self.qkv.ptr),
-                        ("ptr", self.k_cache[i].ptr),
-                        ("ptr", self.v_cache[i].ptr),
-                        ("ptr", self.attn.ptr),
-                        ("ptr", pos_ptr),
-                        ("i32", pos),
-                        ("i32", c.num_heads),
-                        ("i32", c.num_kv_heads),
-                        ("i32", c.head_dim),
-                        ("f32", 1.0 / math.sqrt(c.head_dim)),
-                    ],
-                    shared_bytes=self.attn_shared,
-                )
-                launches += [rope, attn]
-                pos_args += [(rope, 6), (attn, 5)]
-            if n == 1:
-                launches += [
-                    self._gemv(
-                        lw.o.ptr,
-                        self.attn.ptr,
-                        GEMV_IN_PLAIN,
-                        0,
-                        0,
-                        self.x.ptr,
-                        self.x.ptr,
-                        c.hidden_size,
-                        self.q_width,
-                        "o",
-                    ),
-                    self._gemv(  # writes silu(gate) * up, the down GEMV's input
-                        lw.gate_up.ptr,
-                        self.x.ptr,
-                        GEMV_IN_RMSNORM,
-                        lw.post_norm.ptr,
-                        0,
-                        0,
-                        self.act.ptr,
-                        2 * c.intermediate_size,
-                        c.hidden_size,
-                        "gate_up",
-                        swiglu_out=True,
-                    ),
-                    self._gemv(
-                        lw.down.ptr,
-                        self.act.ptr,
-                        GEMV_IN_PLAIN,
-                        0,
-                        0,
-                        self.x.ptr,
-                        self.x.ptr,
-                        c.hidden_size,
-                        c.intermediate_size,
-                        "down",
-                    ),
-                ]
+                layer = self._decode_layer(i, pos_ptr, pos, cluster_attention)
+                launches += layer
+                pos_args.append((layer[1], 9))  # decode attention's host position
                 continue
+            launches.append(self._rmsnorm(self.x.ptr, lw.input_norm.ptr, self.xn.ptr, n, eps))
+            launches.append(
+                self._gemm(
+                    lw.qkv.ptr, self.xn.ptr, _ptr(lw.qkv_bias), 0, self.qkv.ptr, n, self.qkv_width, c.hidden_size
+                )
+            )
+            rope = Launch(
+                k("qk_norm_rope_cache"),
+                (n, c.num_heads + c.num_kv_heads, 1),
+                (max(32, c.head_dim), 1, 1),  # whole warps: the block sum folds warps
+                [
+                    ("ptr", self.qkv.ptr),
+                    ("ptr", _ptr(lw.q_norm)),
+                    ("ptr", _ptr(lw.k_norm)),
+                    ("ptr", self.k_cache[i].ptr),
+                    ("ptr", self.v_cache[i].ptr),
+                    ("ptr", pos_ptr),
+                    ("i32", pos),
+                    ("i32", c.num_heads),
+                    ("i32", c.num_kv_heads),
+                    ("i32", c.head_dim),
+                    ("ptr", self.rope.ptr),
+                    ("f32", eps),
+                ],
+            )
+            attn = Launch(
+                k("attention"),
+                (c.num_heads, n, 1),
+                (ATTN_THREADS, 1, 1),
+                [
+                    ("ptr", self.qkv.ptr),
+                    ("ptr", self.k_cache[i].ptr),
+                    ("ptr", self.v_cache[i].ptr),
+                    ("ptr", self.attn.ptr),
+                    ("ptr", pos_ptr),
+                    ("i32", pos),
+                    ("i32", c.num_heads),
+                    ("i32", c.num_kv_heads),
+                    ("i32", c.head_dim),
+                    ("f32", 1.0 / math.sqrt(c.head_dim)),
+                ],
+                shared_bytes=self.attn_shared,
+            )
+            launches += [rope, attn]
+            pos_args += [(rope, 6), (attn, 5)]
             total = n * c.intermediate_size
             launches += [
                 self._gemm(lw.o.ptr, self.attn.ptr, 0, self.x.ptr, self.x.ptr, n, c.hidden_size, self.q_width),
@@ -488,15 +416,125 @@ class CudaModel:
         launches += self._head(n) if head else self._head(n)[:1]
         return launches, pos_args
 
-    def _decode_attention(self, layer: int, pos_ptr: int, pos: int, cluster: bool = False) -> Launch:
+    def _embed(self, n: int, tokens_ptr: int) -> Launch:
+        """The embedding rows of the ``n`` tokens at ``tokens_ptr`` (0: the host argument 2) into ``x``."""
+        c = self.config
+        return Launch(
+            self.module.kernel("embed_gather"),
+            (n, 1, 1),
+            (THREADS, 1, 1),
+            [
+                ("ptr", self.weights.embed.ptr),
+                ("ptr", tokens_ptr),
+                ("i32", 0),
+                ("ptr", self.x.ptr),
+                ("i32", c.hidden_size),
+                ("i32", c.vocab_size),
+            ],
+        )
+
+    def _decode_layer(
+        self, i: int, pos_ptr: int, pos: int, cluster_attention: bool, count_ptr: int = 0
+    ) -> list[Launch]:
+        """Layer ``i`` of a decode step: the q|k|v GEMV (RMSNorm staged), decode attention (its host position at
+        argument 9), the o GEMV with the residual, the gate|up GEMV writing silu(gate) * up, the down GEMV with the
+        residual. With ``count_ptr``, a forced chain's: every launch in its chain form, the chain's K/V rows written
+        before attention."""
+        c, lw = self.config, self.weights.layers[i]
+        gemv = self._gemv
+        launches = [
+            gemv(
+                lw.qkv.ptr,
+                self.x.ptr,
+                GEMV_IN_RMSNORM,
+                lw.input_norm.ptr,
+                _ptr(lw.qkv_bias),
+                0,
+                self.qkv.ptr,
+                self.qkv_width,
+                c.hidden_size,
+                "qkv",
+                count_ptr=count_ptr,
+            ),
+            self._decode_attention(i, pos_ptr, pos, cluster_attention, count_ptr),
+            gemv(
+                lw.o.ptr,
+                self.attn.ptr,
+                GEMV_IN_PLAIN,
+                0,
+                0,
+                self.x.ptr,
+                self.x.ptr,
+                c.hidden_size,
+                self.q_width,
+                "o",
+                count_ptr=count_ptr,
+            ),
+            gemv(
+                lw.gate_up.ptr,
+                self.x.ptr,
+                GEMV_IN_RMSNORM,
+                lw.post_norm.ptr,
+                0,
+                0,
+                self.act.ptr,
+                2 * c.intermediate_size,
+                c.hidden_size,
+                "gate_up",
+                swiglu_out=True,
+                count_ptr=count_ptr,
+            ),
+            gemv(
+                lw.down.ptr,
+                self.act.ptr,
+                GEMV_IN_PLAIN,
+                0,
+                0,
+                self.x.ptr,
+                self.x.ptr,
+                c.hidden_size,
+                c.intermediate_size,
+                "down",
+                count_ptr=count_ptr,
+            ),
+        ]
+        if count_ptr:  # the chain's K/V rows, which each token's attention reads from the cache
+            launches.insert(
+                1,
+                Launch(
+                    self.module.kernel("attention_chain_rows"),
+                    (CHAIN_TOKENS, c.num_kv_heads, 1),
+                    (max(32, c.head_dim), 1, 1),
+                    [
+                        ("ptr", self.qkv.ptr),
+                        ("ptr", _ptr(lw.k_norm)),
+                        ("ptr", self.k_cache[i].ptr),
+                        ("ptr", self.v_cache[i].ptr),
+                        ("ptr", pos_ptr),
+                        ("ptr", count_ptr),
+                        ("i32", c.num_heads),
+                        ("i32", c.num_kv_heads),
+                        ("i32", c.head_dim),
+                        ("ptr", self.rope.ptr),
+                        ("f32", float(c.rms_norm_eps)),
+                    ],
+                    label="attention_chain_rows",
+                ),
+            )
+        return launches
+
+    def _decode_attention(
+        self, layer: int, pos_ptr: int, pos: int, cluster: bool = False, count_ptr: int = 0
+    ) -> Launch:
         """The new token's attention in one launch (cuda/attention_decode.cuh): q/k norm and rotary embedding,
         the cache write, fixed 32-position chunks split over up to 24 blocks per head, and the merge (``cluster``:
-        attention_decode_cluster, whose grid is whole clusters of ATTN_CLUSTER blocks)."""
+        attention_decode_cluster, whose grid is whole clusters of ATTN_CLUSTER blocks). With ``count_ptr``, the chain
+        form (attention_decode_chain*): *count_ptr tokens from the position at ``pos_ptr``, a grid slice each."""
         c, lw = self.config, self.weights.layers[layer]
-        name = "attention_decode_cluster" if cluster else "attention_decode"
+        name = "attention_decode" + ("_chain" if count_ptr else "") + ("_cluster" if cluster else "")
         return Launch(
             self.module.kernel(name),
-            (c.num_heads, attention_blocks_per_head(self.max_chunks, cluster), 1),
+            (c.num_heads, attention_blocks_per_head(self.max_chunks, cluster), CHAIN_TOKENS if count_ptr else 1),
             (ATTN_THREADS, 1, 1),
             [
                 ("ptr", self.qkv.ptr),
@@ -508,7 +546,7 @@ class CudaModel:
                 ("ptr", self.attn.ptr),
                 ("ptr", self.attn_done.ptr),
                 ("ptr", pos_ptr),
-                ("i32", pos),
+                ("ptr", count_ptr) if count_ptr else ("i32", pos),
                 ("i32", c.num_heads),
                 ("i32", c.num_kv_heads),
                 ("i32", c.head_dim),
@@ -554,123 +592,9 @@ class CudaModel:
             raise ValueError("this model's decode step takes no forced chains (see supports_chains)")
         c, w, k = self.config, self.weights, self.module.kernel
         eps = float(c.rms_norm_eps)
-        name = "attention_decode_chain_cluster" if cluster_attention else "attention_decode_chain"
-        launches = [
-            Launch(
-                k("embed_gather"),
-                (CHAIN_TOKENS, 1, 1),
-                (THREADS, 1, 1),
-                [
-                    ("ptr", w.embed.ptr),
-                    ("ptr", tokens_ptr),
-                    ("i32", 0),
-                    ("ptr", self.x.ptr),
-                    ("i32", c.hidden_size),
-                    ("i32", c.vocab_size),
-                ],
-            )
-        ]
-        for i, lw in enumerate(w.layers):
-            gemv = self._gemv_chain
-            launches += [
-                gemv(
-                    lw.qkv.ptr,
-                    self.x.ptr,
-                    GEMV_IN_RMSNORM,
-                    lw.input_norm.ptr,
-                    _ptr(lw.qkv_bias),
-                    0,
-                    self.qkv.ptr,
-                    self.qkv_width,
-                    c.hidden_size,
-                    "qkv",
-                    count_ptr,
-                ),
-                Launch(
-                    k("attention_chain_rows"),
-                    (CHAIN_TOKENS, c.num_kv_heads, 1),
-                    (max(32, c.head_dim), 1, 1),
-                    [
-                        ("ptr", self.qkv.ptr),
-                        ("ptr", _ptr(lw.k_norm)),
-                        ("ptr", self.k_cache[i].ptr),
-                        ("ptr", self.v_cache[i].ptr),
-                        ("ptr", pos_ptr),
-                        ("ptr", count_ptr),
-                        ("i32", c.num_heads),
-                        ("i32", c.num_kv_heads),
-                        ("i32", c.head_dim),
-                        ("ptr", self.rope.ptr),
-                        ("f32", eps),
-                    ],
-                    label="attention_chain_rows",
-                ),
-                Launch(
-                    k(name),
-                    (c.num_heads, attention_blocks_per_head(self.max_chunks, cluster_attention), CHAIN_TOKENS),
-                    (ATTN_THREADS, 1, 1),
-                    [
-                        ("ptr", self.qkv.ptr),
-                        ("ptr", _ptr(lw.q_norm)),
-                        ("ptr", _ptr(lw.k_norm)),
-                        ("ptr", self.k_cache[i].ptr),
-                        ("ptr", self.v_cache[i].ptr),
-                        ("ptr", self.attn_partial.ptr),
-                        ("ptr", self.attn.ptr),
-                        ("ptr", self.attn_done.ptr),
-                        ("ptr", pos_ptr),
-                        ("ptr", count_ptr),
-                        ("i32", c.num_heads),
-                        ("i32", c.num_kv_heads),
-                        ("i32", c.head_dim),
-                        ("f32", 1.0 / math.sqrt(c.head_dim)),
-                        ("ptr", self.rope.ptr),
-                        ("f32", eps),
-                        ("i32", self.max_chunks),
-                    ],
-                    label=name,
-                ),
-                gemv(
-                    lw.o.ptr,
-                    self.attn.ptr,
-                    GEMV_IN_PLAIN,
-                    0,
-                    0,
-                    self.x.ptr,
-                    self.x.ptr,
-                    c.hidden_size,
-                    self.q_width,
-                    "o",
-                    count_ptr,
-                ),
-                gemv(
-                    lw.gate_up.ptr,
-                    self.x.ptr,
-                    GEMV_IN_RMSNORM,
-                    lw.post_norm.ptr,
-                    0,
-                    0,
-                    self.act.ptr,
-                    2 * c.intermediate_size,
-                    c.hidden_size,
-                    "gate_up",
-                    count_ptr,
-                    swiglu_out=True,
-                ),
-                gemv(
-                    lw.down.ptr,
-                    self.act.ptr,
-                    GEMV_IN_PLAIN,
-                    0,
-                    0,
-                    self.x.ptr,
-                    self.x.ptr,
-                    c.hidden_size,
-                    c.intermediate_size,
-                    "down",
-                    count_ptr,
-                ),
-            ]
+        launches = [self._embed(CHAIN_TOKENS, tokens_ptr)]  # rows past the chain's are never read
+        for i in range(c.num_layers):
+            launches += self._decode_layer(i, pos_ptr, 0, cluster_attention, count_ptr)
         launches.append(
             Launch(
                 k("rmsnorm_last"),
@@ -687,45 +611,6 @@ class CudaModel:
             )
         )
         return launches
-
-    def _gemv_chain(
-        self,
-        w: int,
-        x: int,
-        x_mode: int,
-        norm_w: int,
-        bias: int,
-        residual: int,
-        y: int,
-        n_out: int,
-        k_in: int,
-        label: str,
-        count_ptr: int,
-        swiglu_out: bool = False,
-    ) -> Launch:
-        """``_gemv``'s streaming launch in its chain form: rows 0 .. *count_ptr - 1 of x, residual and y."""
-        blocks, stages = self.gemv_chain_layout[(k_in, swiglu_out)]
-        outputs = [("ptr", y)] if swiglu_out else [("ptr", residual), ("ptr", y)]
-        return Launch(
-            self.module.kernel("gemv_stream_chain_swiglu_bf16" if swiglu_out else "gemv_stream_chain_bf16"),
-            (min(gemv_groups(n_out, 1, swiglu_out), blocks), 1, 1),
-            (GSTREAM_THREADS, 1, 1),
-            [
-                ("ptr", w),
-                ("ptr", x),
-                ("ptr", norm_w),
-                ("i32", x_mode),
-                ("f32", float(self.config.rms_norm_eps)),
-                ("ptr", bias),
-                *outputs,
-                ("i32", n_out),
-                ("i32", k_in),
-                ("i32", stages),
-                ("ptr", count_ptr),
-            ],
-            shared_bytes=gemv_stream_shared(k_in, stages, CHAIN_TOKENS),
-            label=f"gemv:{label}",
-        )
 
     def dense_head(self) -> Launch:
         """The vocabulary GEMV of ``xn`` into ``logits`` (the dense head; the sparse head reads the same rows)."""
@@ -782,12 +667,14 @@ class CudaModel:
         k_in: int,
         label: str,
         swiglu_out: bool = False,
+        count_ptr: int = 0,
     ) -> Launch:
         """y[n_out] = in(x) @ W.T (+ bias) (+ residual) for one token; ``x_mode`` picks the input transform.
 
         With ``swiglu_out`` W is the fused gate|up weight and y receives silu(gate) * up (n_out / 2 values; no
         residual). Rows of one warp go to the streaming kernels (gemv_stream_bf16, gemv_stream_swiglu_bf16), rows
-        shared by several warps to gemv_bf16 and gemv_swiglu_bf16.
+        shared by several warps to gemv_bf16 and gemv_swiglu_bf16. With ``count_ptr``, the streaming kernels' chain
+        forms: rows 0 .. *count_ptr - 1 of x, residual and y.
         """
         split = gemv_warps_per_row(n_out, k_in)
         if swiglu_out and residual:
@@ -802,15 +689,21 @@ class CudaModel:
             ("ptr", bias),
         ]
         if split == 1:  # the same bits as gemv_bf16 with one warp per row
-            blocks, stages = self.gemv_layout[(k_in, swiglu_out)]
+            chain = [("ptr", count_ptr)] if count_ptr else []
+            tokens = CHAIN_TOKENS if count_ptr else 1
+            layout = self.gemv_chain_layout if count_ptr else self.gemv_layout
+            blocks, stages = layout[(k_in, swiglu_out)]
+            name = "gemv_stream" + ("_chain" if count_ptr else "") + ("_swiglu" if swiglu_out else "") + "_bf16"
             return Launch(
-                self.module.kernel("gemv_stream_swiglu_bf16" if swiglu_out else "gemv_stream_bf16"),
+                self.module.kernel(name),
                 (min(gemv_groups(n_out, 1, swiglu_out), blocks), 1, 1),
                 (GSTREAM_THREADS, 1, 1),
-                [*inputs, *outputs, ("i32", n_out), ("i32", k_in), ("i32", stages)],
-                shared_bytes=gemv_stream_shared(k_in, stages),
+                [*inputs, *outputs, ("i32", n_out), ("i32", k_in), ("i32", stages), *chain],
+                shared_bytes=gemv_stream_shared(k_in, stages, tokens),
                 label=f"gemv:{label}",
             )
+        if count_ptr:
+            raise ValueError(f"{k_in}-wide rows take two warps each: no chain form (see supports_chains)")
         grid = (min(gemv_groups(n_out, split, swiglu_out), GEMV_MAX_BLOCKS), 1, 1)
         return Launch(
             self.module.kernel("gemv_swiglu_bf16" if swiglu_out else "gemv_bf16"),
