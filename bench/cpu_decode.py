@@ -3,8 +3,9 @@
     python bench/cpu_decode.py [--model PATH] [--requests 5] [-k 3] [--out bench/results/cpu_decode.json]
 
 Reports: model load, catalog preparation (tokenizer, trie, prompt), prefill of the catalog prompt prefix,
-per request (prefix KV reused) the prefill of the intent, time to first pointer and ms per generated token,
-for the sparse and the dense head; and the head alone (legal rows vs the whole vocabulary) at the root.
+per request (prefix KV reused) the prefill of the intent, time to first pointer, ms per generated token and
+forward passes per answer, for the sparse and the dense head and for the sparse head with a forward pass per token
+(no forced tail or chains); and the head alone (legal rows vs the whole vocabulary) at the root.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def timed(fn, *args, **kwargs):
 
 
 def run_requests(engine: CpuEngine, catalog, intents: list[str], k: int) -> dict[str, float]:
-    ttfp, per_token, suffix_prefill = [], [], []
+    ttfp, per_token, suffix_prefill, passes, tokens = [], [], [], [], []
     for intent in intents:
         start = time.perf_counter()
         first = None
@@ -59,11 +60,15 @@ def run_requests(engine: CpuEngine, catalog, intents: list[str], k: int) -> dict
                 assert event.prefix_cached
                 suffix_prefill.append(event.prefill_seconds)
                 per_token.append(event.decode_seconds / event.tokens_generated)
+                passes.append(event.forward_passes)
+                tokens.append(event.tokens_generated)
         ttfp.append(first)
     return {
         "intent_prefill_ms": 1000 * statistics.median(suffix_prefill),
         "time_to_first_pointer_ms": 1000 * statistics.median(ttfp),
         "ms_per_token": 1000 * statistics.median(per_token),
+        "forward_passes_per_answer": statistics.mean(passes),
+        "tokens_per_answer": statistics.mean(tokens),
     }
 
 
@@ -118,8 +123,13 @@ def main() -> None:
         "numpy": np.__version__,
     }
     intents = (INTENTS * ((args.requests + len(INTENTS) - 1) // len(INTENTS)))[: args.requests]
-    for head in ("sparse", "dense"):
-        engine = CpuEngine(model, head=head)
+    variants = {
+        "sparse": {"head": "sparse"},
+        "dense": {"head": "dense"},
+        "sparse, a pass per token": {"head": "sparse", "forced_tail": False, "forced_chains": False},
+    }
+    for head, options in variants.items():
+        engine = CpuEngine(model, **options)
         list(engine.decode(DecodeRequest(intent=INTENTS[0], k=1, catalog=catalog)))  # warm the prefix KV
         results["heads"][head] = run_requests(engine, catalog, intents, args.k)
     results["head_only"] = head_only(model, catalog)
@@ -129,10 +139,14 @@ def main() -> None:
         f"catalog prompt prefix: {len(prefix)} tokens prefilled in {prefix_s:.2f} s "
         f"({results['prefix_prefill_tokens_per_s']:.0f} tok/s); descriptions kept: {catalog.with_descriptions}"
     )
-    print("\n| head | intent prefill ms | time to first pointer ms | ms/token |\n| --- | --- | --- | --- |")
+    print(
+        "\n| head | intent prefill ms | time to first pointer ms | ms/token | forward passes / tokens |"
+        "\n| --- | --- | --- | --- | --- |"
+    )
     for head, r in results["heads"].items():
         print(
-            f"| {head} | {r['intent_prefill_ms']:.0f} | {r['time_to_first_pointer_ms']:.0f} | {r['ms_per_token']:.1f} |"
+            f"| {head} | {r['intent_prefill_ms']:.0f} | {r['time_to_first_pointer_ms']:.0f} | {r['ms_per_token']:.1f} "
+            f"| {r['forward_passes_per_answer']:.1f} / {r['tokens_per_answer']:.1f} |"
         )
     h = results["head_only"]
     print(

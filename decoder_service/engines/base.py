@@ -23,6 +23,8 @@ from decoder_service.engines.catalog import PreparedCatalog
 
 Head = Literal["sparse", "dense"]
 HEADS: tuple[str, ...] = ("sparse", "dense")
+#: The most tokens one forward pass takes: a chosen token and the tokens the grammar forces after it (a forced chain).
+CHAIN_TOKENS = 4
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,14 +16,22 @@ CUDA_MAX_CONTEXT = 16_384
 
 
 def make_engine(
-    name: str, config: ModelConfig, weights: Weights, head: str = "sparse", forced_tail: bool | None = None
+    name: str,
+    config: ModelConfig,
+    weights: Weights,
+    head: str = "sparse",
+    forced_tail: bool | None = None,
+    forced_chains: bool | None = None,
 ) -> Engine:
-    """``forced_tail`` None: the engines' default ($TOOLTRIE_FORCED_TAIL, else on)."""
+    """``forced_tail``, ``forced_chains`` None: the engines' defaults ($TOOLTRIE_FORCED_TAIL and
+    $TOOLTRIE_FORCED_CHAINS, else on)."""
     if name == "cpu":
         from decoder_service.engines.cpu.engine import CpuEngine
         from decoder_service.engines.cpu.model import CpuTransformer
 
-        return CpuEngine(CpuTransformer(config, weights), head=head, forced_tail=forced_tail)
+        return CpuEngine(
+            CpuTransformer(config, weights), head=head, forced_tail=forced_tail, forced_chains=forced_chains
+        )
     if name == "cuda":
         from decoder_service.engines.cuda.engine import CudaEngine
 
@@ -33,5 +41,6 @@ def make_engine(
             head=head,
             max_context=min(config.max_position_embeddings, CUDA_MAX_CONTEXT),
             forced_tail=forced_tail,
+            forced_chains=forced_chains,
         )
     raise ValueError(f"unknown engine {name!r}; available: {', '.join(KNOWN_ENGINES)}")

@@ -219,16 +219,27 @@ class GrammarState:
         Such tokens need no logits (the log-softmax over one legal token is 0), and a token after which nothing is
         left to choose needs no forward pass: a decoder takes the whole tail at once.
         """
+        tokens, ended = self._forced_walk(None)
+        return tokens if ended else None
+
+    def forced_chain(self, limit: int) -> list[int]:
+        """The next tokens the grammar forces (one legal token at each step), at most ``limit``, up to the end of
+        the answer: a decoder takes them with the token just chosen and runs them through one forward pass."""
+        return self._forced_walk(limit)[0]
+
+    def _forced_walk(self, limit: int | None) -> tuple[list[int], bool]:
+        """The forced tokens from here (at most ``limit``; None: no bound), walked on a copy, and whether they end
+        the answer."""
         if self.done:
-            return None
-        probe, tail = self.copy(), []
-        while not probe.done:
+            return [], False
+        probe, tokens = self.copy(), []
+        while not probe.done and (limit is None or len(tokens) < limit):
             legal = probe.legal_tokens()
             if len(legal) != 1:
-                return None
-            tail.append(int(legal[0]))
-            probe.advance(tail[-1])
-        return tail
+                return tokens, False
+            tokens.append(int(legal[0]))
+            probe.advance(tokens[-1])
+        return tokens, probe.done
 
     def _variant(self, pointer: int) -> int:
         if pointer < 0 or pointer in self.spent or not self._is_allowed(pointer):

@@ -8,11 +8,20 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from decoder_service.engines.base import HEADS, DecodeError, DecodeRequest, Engine, Event, PointerEvent, SummaryEvent
+from decoder_service.engines.base import (
+    CHAIN_TOKENS,
+    HEADS,
+    DecodeError,
+    DecodeRequest,
+    Engine,
+    Event,
+    PointerEvent,
+    SummaryEvent,
+)
 from decoder_service.engines.cpu.kv_cache import KVCache
 from decoder_service.engines.cpu.model import CpuTransformer
 from decoder_service.engines.cpu.sampler import greedy_pick
-from decoder_service.engines.env import forced_tail_default
+from decoder_service.engines.env import forced_chains_default, forced_tail_default
 from decoder_service.engines.prompt import request_suffix_ids
 from tooltrie.grammar.errors import GrammarError
 from tooltrie.grammar.runtime import GrammarState
@@ -22,7 +31,10 @@ class CpuEngine(Engine):
     """Serial decoding in numpy fp32. ``head``: 'sparse' (legal rows only) or 'dense' (all rows, then gather).
     ``forced_tail``: once the grammar leaves one legal token at every remaining step, take them all without
     forward passes (the same answer and scores; ``SummaryEvent.forward_passes`` counts what ran). Default
-    $TOOLTRIE_FORCED_TAIL, else on."""
+    $TOOLTRIE_FORCED_TAIL, else on. ``forced_chains``: the tokens the grammar forces after a chosen one (up to
+    CHAIN_TOKENS in all) are taken at once and run through the model as one prefill of several tokens, as the CUDA
+    engine does (the same tokens and scores; the hidden states as the model's prefill computes them). Default
+    $TOOLTRIE_FORCED_CHAINS, else on."""
 
     name = "cpu"
 
@@ -32,14 +44,21 @@ class CpuEngine(Engine):
         head: str = "sparse",
         prefix_cache_entries: int = 4,
         forced_tail: bool | None = None,
+        forced_chains: bool | None = None,
     ) -> None:
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; accepted: {', '.join(HEADS)}")
         self.model = model
         self.head = head
         self.forced_tail = forced_tail_default() if forced_tail is None else forced_tail
+        self.forced_chains = forced_chains_default() if forced_chains is None else forced_chains
         self._prefixes: OrderedDict[str, KVCache] = OrderedDict()
         self._prefix_entries = prefix_cache_entries
+
+    @property
+    def chain_tokens(self) -> int:
+        """The most tokens one forward pass takes."""
+        return CHAIN_TOKENS if self.forced_chains else 1
 
     def legal_logits(self, hidden: np.ndarray, legal: np.ndarray) -> np.ndarray:
         if self.head == "sparse":
@@ -59,20 +78,22 @@ class CpuEngine(Engine):
 
         generated, forwards, tokens, score, step_start = 0, 0, [], 0.0, time.perf_counter()
         decode_start = step_start
-        tail: list[int] = []  # the forced rest of the answer, once known
+        queued: list[int] = []  # tokens the grammar forces, taken without logits (their log-softmax is 0)
+        fed: list[int] = []  # tokens taken since the last forward pass, which the next one runs
         while not state.done:
             if request.cancelled():
                 return  # no summary: the caller is gone
             try:
-                legal = state.legal_tokens()
-                if tail:  # one legal token: its log-softmax is 0, whatever the logits
-                    token, logprob = tail.pop(0), 0.0
+                if queued:
+                    token, logprob = queued.pop(0), 0.0
                 else:
+                    legal = state.legal_tokens()
                     token, logprob = greedy_pick(legal, self.legal_logits(hidden, legal))
                 pointer = state.advance(token)
             except (GrammarError, ValueError) as exc:
                 raise DecodeError(f"decoding stopped after {generated} tokens: {exc}") from exc
             generated += 1
+            fed.append(token)
             if pointer is None:
                 tokens.append(token)
                 score += logprob
@@ -88,11 +109,16 @@ class CpuEngine(Engine):
                     steps=len(tokens) + 1,
                 )
                 tokens, score, step_start = [], 0.0, now
-            if not state.done and not tail:
-                tail = (state.forced_tail() or []) if self.forced_tail else []
-                if not tail:
-                    hidden = self.model.decode(token, cache)
-                    forwards += 1
+            if state.done or queued:
+                continue
+            if len(fed) == 1:  # a chosen token: what the grammar forces next joins it, or ends the answer
+                tail = state.forced_tail() if self.forced_tail else None
+                queued = tail or state.forced_chain(self.chain_tokens - 1)
+                if tail or queued:
+                    continue
+            hidden = self.model.decode(fed[0], cache) if len(fed) == 1 else self.model.prefill(fed, cache)
+            forwards += 1
+            fed = []
         yield SummaryEvent(
             tokens_generated=generated,
             forward_passes=forwards,

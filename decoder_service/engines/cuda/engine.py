@@ -20,10 +20,19 @@ from pathlib import Path
 
 import numpy as np
 
-from decoder_service.engines.base import HEADS, DecodeError, DecodeRequest, Engine, Event, PointerEvent, SummaryEvent
+from decoder_service.engines.base import (
+    CHAIN_TOKENS,
+    HEADS,
+    DecodeError,
+    DecodeRequest,
+    Engine,
+    Event,
+    PointerEvent,
+    SummaryEvent,
+)
 from decoder_service.engines.cuda import driver
 from decoder_service.engines.cuda.driver import CudaError, call
-from decoder_service.engines.cuda.forward import CHAIN_TOKENS, CLUSTER_ATTENTION_POSITIONS, F32, CudaModel
+from decoder_service.engines.cuda.forward import CLUSTER_ATTENTION_POSITIONS, F32, CudaModel
 from decoder_service.engines.cuda.graph_loop import DecodeGraph
 from decoder_service.engines.cuda.host_grammar_loop import HostLoop
 from decoder_service.engines.cuda.memory import DeviceBuffer

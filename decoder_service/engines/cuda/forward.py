@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from decoder_service.engines.base import CHAIN_TOKENS
 from decoder_service.engines.cuda.driver import Stream, multiprocessor_count, shared_memory_per_multiprocessor
 from decoder_service.engines.cuda.memory import DeviceBuffer
 from decoder_service.engines.cuda.module import Launch, Module
@@ -46,9 +47,8 @@ GSTREAM_STATIC_SHARED = 512  # its static shared memory (ptxas -v): the ring's b
 GSTREAM_BLOCKS_PER_SM = 2
 GSTREAM_SWIGLU_BLOCKS_PER_SM = 3  # gate|up (a gate and an up piece per group): measured faster so
 GSTREAM_MIN_STAGES = 2  # a ring below which a GEMV takes fewer blocks per SM
-# A forced chain's forward pass (cuda/trie_step.cuh's TT_FLAG_CHAINS) takes up to this many tokens: the GEMVs' chain
-# forms stage every token's input row and reduce each weight piece against all of them (GSTREAM_CHAIN_TOKENS).
-CHAIN_TOKENS = 4
+# A forced chain's forward pass (cuda/trie_step.cuh's TT_FLAG_CHAINS) takes up to CHAIN_TOKENS tokens: the GEMVs'
+# chain forms stage every token's input row and reduce each weight piece against all of them (GSTREAM_CHAIN_TOKENS).
 SM_RESERVED_SHARED = 1024  # shared memory the hardware keeps per resident block
 GEMM_TILE = 64  # GEMM_BM == GEMM_BN in cuda/gemm.cuh
 # Prefill GEMMs run on the tensor cores (cuda/gemm.cuh, gemm_mma16_bf16 / gemm_mma8_bf16): a block stages 16 tokens

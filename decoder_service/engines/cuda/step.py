@@ -48,7 +48,6 @@ CTL = {
     "chain": 24,
     "spent": 32,
 }
-CHAIN_TOKENS = 4  # TT_CHAIN_TOKENS
 FLAG_FORCED_TAIL = 1  # TT_FLAG_FORCED_TAIL: the step takes the forced rest of the answer without forward passes
 FLAG_CHAINS = 2  # TT_FLAG_CHAINS: forced tokens after the chosen one join it in the next forward pass
 NO_LOGIT = 0x7FC00000  # TT_NO_LOGIT: the step log's logit for tokens taken without their own logits

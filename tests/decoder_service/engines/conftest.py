@@ -44,8 +44,8 @@ def engine_name(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def make_tiny_engine(engine_name: str, tiny_model) -> Callable[..., Engine]:
-    def make(head: str = "sparse", forced_tail: bool = True) -> Engine:
-        return make_engine(engine_name, *tiny_model, head=head, forced_tail=forced_tail)
+    def make(head: str = "sparse", forced_tail: bool = True, forced_chains: bool = True) -> Engine:
+        return make_engine(engine_name, *tiny_model, head=head, forced_tail=forced_tail, forced_chains=forced_chains)
 
     return make
 

@@ -92,11 +92,11 @@ def expected_forward_passes(forced: list[bool], tail: bool, chain: int) -> int:
 
 def test_forced_tail_takes_the_same_answer_without_its_forward_passes(make_tiny_engine, tiny_catalog) -> None:
     """Once the grammar forces every remaining token, they are taken without forward passes: the same names,
-    tokens and scores; the passes that ran are those the engine's rules give (the CUDA engine also feeds forced
-    chains through one pass; ``chain_tokens`` says how long)."""
+    tokens and scores; the passes that ran are those the rules give (forced chains of up to ``chain_tokens``
+    through one pass each)."""
     k, forced_ends = 3, []
     with_tail, without = make_tiny_engine(forced_tail=True), make_tiny_engine(forced_tail=False)
-    chain = getattr(with_tail, "chain_tokens", 1)
+    chain = with_tail.chain_tokens
     for intent in INTENTS:
         fast, s_fast = _run(with_tail, tiny_catalog, intent, k)
         slow, s_slow = _run(without, tiny_catalog, intent, k)
@@ -168,3 +168,25 @@ def test_cancellation_stops_at_the_next_token(make_tiny_engine, tiny_catalog) ->
     assert not any(isinstance(e, SummaryEvent) for e in events)
     assert sum(len(e.token_ids) + 1 for e in events if isinstance(e, PointerEvent)) <= 3
     assert len(polls) == 4
+
+
+def test_forced_chains_take_the_same_answer_in_fewer_passes(make_tiny_engine, tiny_catalog) -> None:
+    """The tokens the grammar forces after a chosen one go through the model with it, in one forward pass: the
+    same names and tokens (scores within fp32 noise: the CPU engine's prefill of several tokens need not round as
+    its single-token steps do; the CUDA engine's gate 12 checks its bits), and the passes the rules give."""
+    k, fewer = 3, []
+    chained, stepped = make_tiny_engine(forced_chains=True), make_tiny_engine(forced_chains=False)
+    assert chained.chain_tokens > 1 and stepped.chain_tokens == 1
+    for intent in INTENTS:
+        fast, s_fast = _run(chained, tiny_catalog, intent, k)
+        slow, s_slow = _run(stepped, tiny_catalog, intent, k)
+        assert [(p.name, p.token_ids) for p in fast] == [(p.name, p.token_ids) for p in slow]
+        assert [p.score for p in fast] == pytest.approx([p.score for p in slow], abs=1e-5)
+        answer = []
+        for i, p in enumerate(fast):
+            answer += [*p.token_ids, tiny_catalog.trie.sep_token if i < k - 1 else tiny_catalog.trie.stop_token]
+        forced = _forced_steps(tiny_catalog.trie, k, answer)
+        assert s_fast.forward_passes == expected_forward_passes(forced, tail=True, chain=chained.chain_tokens)
+        assert s_slow.forward_passes == expected_forward_passes(forced, tail=True, chain=1)
+        fewer.append(s_fast.forward_passes < s_slow.forward_passes)
+    assert any(fewer), "no answer had a forced chain: the test would not see one"

@@ -142,3 +142,15 @@ def test_forced_tail_stops_at_a_choice_and_follows_a_forced_root(qwen3, trie):
         *qwen3.encode("get_user_by_id"),
         qwen3.default_stop,
     ]
+
+
+def test_forced_chain_is_the_forced_tokens_up_to_a_limit_or_a_choice(qwen3, trie):
+    state = GrammarState(trie, 2)
+    assert state.forced_chain(4) == []  # the root offers several first tokens
+    spelled = qwen3.encode("list_users")
+    state.advance(spelled[0])
+    # SEP, then the root's only live edge and the get_ names' shared tokens, then STOP or "_by_id"
+    rest = [*spelled[1:], qwen3.default_sep, *qwen3.encode("get_user")]
+    assert state.forced_chain(len(rest) + 5) == rest
+    assert state.forced_chain(1) == rest[:1]
+    assert state.forced_tail() is None and state.node != 0  # walks on a copy

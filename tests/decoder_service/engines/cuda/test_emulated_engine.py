@@ -14,6 +14,7 @@ from decoder_service.engines.base import DecodeError, Engine
 from tests.decoder_service.engines.cuda.emulator import FakeDriver, install_fake_driver
 from tests.decoder_service.engines.test_engine_contract import (  # noqa: F401  (collected here as well)
     test_allowed_subset_narrows_the_answer,
+    test_forced_chains_take_the_same_answer_in_fewer_passes,
     test_forced_tail_takes_the_same_answer_without_its_forward_passes,
     test_greedy_choice_and_score_against_fresh_forward,
     test_k_distinct_catalog_names,
@@ -32,9 +33,15 @@ def make_tiny_engine(fake_driver: FakeDriver, tiny_model) -> Callable[..., Engin
     from decoder_service.engines.cuda.engine import CudaEngine
     from decoder_service.engines.cuda.module import Module
 
-    def make(head: str = "sparse", forced_tail: bool = True) -> Engine:
+    def make(head: str = "sparse", forced_tail: bool = True, forced_chains: bool = True) -> Engine:
         return CudaEngine(
-            *tiny_model, head=head, loop="host", module=Module(b"cubin"), max_context=512, forced_tail=forced_tail
+            *tiny_model,
+            head=head,
+            loop="host",
+            module=Module(b"cubin"),
+            max_context=512,
+            forced_tail=forced_tail,
+            forced_chains=forced_chains,
         )
 
     return make

@@ -31,6 +31,7 @@ from tests.decoder_service.engines.cuda.gpu_harness import record, requires_gpu
 from tests.decoder_service.engines.cuda.synthetic_tries import empty_mask_trie, random_catalog, wide_catalog
 from tests.decoder_service.engines.test_engine_contract import (  # noqa: F401  (collected here on the GPU)
     test_allowed_subset_narrows_the_answer,
+    test_forced_chains_take_the_same_answer_in_fewer_passes,
     test_forced_tail_takes_the_same_answer_without_its_forward_passes,
     test_greedy_choice_and_score_against_fresh_forward,
     test_k_above_catalog_and_bad_intents_are_refused,
@@ -364,8 +365,10 @@ def make_tiny_engine(tiny_model) -> Iterator[Callable[..., Engine]]:
 
     made = []
 
-    def make(head: str = "sparse", forced_tail: bool = True) -> Engine:
-        made.append(CudaEngine(*tiny_model, head=head, max_context=1024, forced_tail=forced_tail))
+    def make(head: str = "sparse", forced_tail: bool = True, forced_chains: bool = True) -> Engine:
+        made.append(
+            CudaEngine(*tiny_model, head=head, max_context=1024, forced_tail=forced_tail, forced_chains=forced_chains)
+        )
         return made[-1]
 
     yield make

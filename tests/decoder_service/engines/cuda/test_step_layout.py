@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pytest
 
+from decoder_service.engines.base import CHAIN_TOKENS
 from decoder_service.engines.cuda import forward, step
 from tests.decoder_service.engines.cuda.emulator import CUDA_DIR, FakeDriver, install_fake_driver
 from tests.decoder_service.engines.cuda.synthetic_tries import random_catalog, trie_from_sequences
@@ -35,8 +36,8 @@ def test_control_block_and_output_match_the_kernel_header() -> None:
         step.OUT_STEPS,
     )
     assert m["TT_FLAG_FORCED_TAIL"] == step.FLAG_FORCED_TAIL
-    assert (m["TT_FLAG_CHAINS"], m["TT_CHAIN_TOKENS"]) == (step.FLAG_CHAINS, step.CHAIN_TOKENS)
-    assert step.CHAIN_TOKENS == forward.CHAIN_TOKENS == _macros("gemv_stream.cuh")["GSTREAM_CHAIN_TOKENS"]
+    assert (m["TT_FLAG_CHAINS"], m["TT_CHAIN_TOKENS"]) == (step.FLAG_CHAINS, CHAIN_TOKENS)
+    assert _macros("gemv_stream.cuh")["GSTREAM_CHAIN_TOKENS"] == CHAIN_TOKENS
     assert re.search(rf"#define TT_NO_LOGIT {step.NO_LOGIT:#010x}\b", (CUDA_DIR / "trie_step.cuh").read_text())
     codes = {v for k, v in m.items() if k.startswith("TT_ERR_")}
     assert codes == set(step.ERRORS), "every device error code needs a message on the host"
