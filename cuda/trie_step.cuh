@@ -9,7 +9,8 @@
 //                vocabulary GEMV; both compute a row with gemv_row_dot, so a logit is the same bits either way
 //   trie_step    argmax over the candidates (fixed tree, ties to the lower token id), the log-softmax score
 //                over the legal logits, the advance, error flags, the published pointer, the loop predicate;
-//                with TT_FLAG_FORCED_TAIL, also the rest of the answer when the grammar forces every token of it
+//                with TT_FLAG_FORCED_TAIL, also the rest of the answer when the grammar forces every token of it,
+//                and with TT_FLAG_CHAINS the tokens it forces next (a chain, which the next forward pass takes)
 // None of them takes the current token from the host: the forward pass reads ctl[TT_CTL_TOKEN] and
 // ctl[TT_CTL_POS] through its device-pointer form, or the host passes them in the host-argument form.
 //
