@@ -33,8 +33,8 @@ class CpuEngine(Engine):
     forward passes (the same answer and scores; ``SummaryEvent.forward_passes`` counts what ran). Default
     $TOOLTRIE_FORCED_TAIL, else on. ``forced_chains``: the tokens the grammar forces after a chosen one (up to
     CHAIN_TOKENS in all) are taken at once and run through the model as one prefill of several tokens, as the CUDA
-    engine does (the same tokens and scores; the hidden states as the model's prefill computes them). Default
-    $TOOLTRIE_FORCED_CHAINS, else on."""
+    engine does; the hidden states are the prefill's, which may round differently from single-token steps (the same
+    decisions but at fp32 near-ties). Default $TOOLTRIE_FORCED_CHAINS, else on."""
 
     name = "cpu"
 
