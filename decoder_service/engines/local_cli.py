@@ -46,7 +46,8 @@ def _text(event: PointerEvent | SummaryEvent) -> str:
         return f"{event.index + 1}. {event.name}  (score {event.score:.3f}, {per_token:.1f} ms/token)"
     cached = "cached prefix" if event.prefix_cached else "prefix prefilled"
     return (
-        f"-- {event.tokens_generated} tokens ({event.forward_passes} forward passes); "
+        f"-- {event.tokens_generated} tokens "
+        f"({event.forward_passes} forward pass{'' if event.forward_passes == 1 else 'es'}); "
         f"prefill {event.prefill_seconds * 1000:.0f} ms of {event.prompt_tokens} prompt tokens ({cached}); "
         f"decode {event.decode_seconds * 1000:.0f} ms"
     )

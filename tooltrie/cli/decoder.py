@@ -162,7 +162,8 @@ def print_event(event: object, as_json: bool) -> None:
             click.echo(json.dumps(record))
         else:
             click.echo(
-                f"   {s.tokens_generated} tokens ({s.forward_passes} forward passes), {per_token:.1f} ms/token, "
+                f"   {s.tokens_generated} tokens "
+                f"({s.forward_passes} forward pass{'' if s.forward_passes == 1 else 'es'}), {per_token:.1f} ms/token, "
                 f"prefill {s.prefill_seconds * 1000:.0f} ms"
                 f"{' (prefix cached)' if s.prefix_cached else ''}, engine {s.engine}, catalog v{s.catalog_version}"
             )
