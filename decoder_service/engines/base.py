@@ -53,7 +53,8 @@ class PointerEvent:
 class SummaryEvent:
     tokens_generated: int
     #: Forward passes of the decode loop (the prefill's not counted): one per generated token but the last and the
-    #: forced tail, the tokens after which the grammar leaves one legal token at every step to the end.
+    #: forced tail (the tokens after which the grammar leaves one legal token at every step to the end), a forced
+    #: chain (a chosen token and the tokens forced after it) sharing one.
     forward_passes: int
     prompt_tokens: int  # prefix + request suffix
     prefix_cached: bool  # whether the catalog prefix's KV was reused

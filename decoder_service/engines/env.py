@@ -27,10 +27,10 @@ def forced_tail_default() -> bool:
     return env_int(FORCED_TAIL_ENV, 1, 0, 1) == 1
 
 
-FORCED_CHAINS_ENV = "TOOLTRIE_FORCED_CHAINS"  # 0: a forward pass per token (the CUDA engine)
+FORCED_CHAINS_ENV = "TOOLTRIE_FORCED_CHAINS"  # 0: a forward pass per token
 
 
 def forced_chains_default() -> bool:
-    """Whether the CUDA engine feeds the tokens the grammar forces after a chosen one through the same forward pass:
+    """Whether engines feed the tokens the grammar forces after a chosen one through the same forward pass:
     $TOOLTRIE_FORCED_CHAINS, else yes."""
     return env_int(FORCED_CHAINS_ENV, 1, 0, 1) == 1

@@ -159,8 +159,8 @@ class StepState:
         return self.ctl.download(np.int32, CTL_WORDS, self.stream)
 
     def read_trace(self, steps: int) -> np.ndarray:
-        """(token, logit bits, log-prob bits) of each of the first ``steps`` tokens (after the stream is idle); a
-        forced tail's rows carry NO_LOGIT."""
+        """(token, logit bits, log-prob bits) of each of the first ``steps`` tokens (after the stream is idle); the
+        rows of a forced tail and of a chain's tokens past its first carry NO_LOGIT."""
         return self.trace.download(np.int32, (steps, 3), self.stream)
 
     def score(self, pub: Published) -> float:
