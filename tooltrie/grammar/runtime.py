@@ -219,17 +219,17 @@ class GrammarState:
         Such tokens need no logits (the log-softmax over one legal token is 0), and a token after which nothing is
         left to choose needs no forward pass: a decoder takes the whole tail at once.
         """
-        tokens, ended = self._forced_walk(None)
+        tokens, ended = self.forced_run()
         return tokens if ended else None
 
     def forced_chain(self, limit: int) -> list[int]:
         """The next tokens the grammar forces (one legal token at each step), at most ``limit``, up to the end of
         the answer: a decoder takes them with the token just chosen and runs them through one forward pass."""
-        return self._forced_walk(limit)[0]
+        return self.forced_run(limit)[0]
 
-    def _forced_walk(self, limit: int | None) -> tuple[list[int], bool]:
+    def forced_run(self, limit: int | None = None) -> tuple[list[int], bool]:
         """The forced tokens from here (at most ``limit``; None: no bound), walked on a copy, and whether they end
-        the answer."""
+        the answer: ``forced_tail`` and ``forced_chain`` from one walk."""
         if self.done:
             return [], False
         probe, tokens = self.copy(), []

@@ -112,9 +112,9 @@ class CpuEngine(Engine):
             if state.done or queued:
                 continue
             if len(fed) == 1:  # a chosen token: what the grammar forces next joins it, or ends the answer
-                tail = state.forced_tail() if self.forced_tail else None
-                queued = tail or state.forced_chain(self.chain_tokens - 1)
-                if tail or queued:
+                forced, ends = state.forced_run()
+                queued = forced if ends and self.forced_tail else forced[: self.chain_tokens - 1]
+                if queued:
                     continue
             hidden = self.model.decode(fed[0], cache) if len(fed) == 1 else self.model.prefill(fed, cache)
             forwards += 1

@@ -51,18 +51,7 @@ class DecodeGraph:
             pos_ptr=state.ctl.ptr + 4 * CTL["pos"],
             cluster_attention=cluster_attention,
         )
-        chain = (
-            model.chain_launches(
-                tokens_ptr=state.ctl.ptr + 4 * CTL["chain"],
-                pos_ptr=state.ctl.ptr + 4 * CTL["chain_pos"],
-                count_ptr=state.ctl.ptr + 4 * CTL["nchain"],
-                cluster_attention=cluster_attention,
-            )
-            if chains
-            else []
-        )
-        self.body_launches = [*single, *chain, *step.launches]
-        self.nodes_per_step = len(single) + len(step.launches)
+        chain = state.chain_launches(model, cluster_attention) if chains else []
         cond = cu.CUgraphConditionalNodeType
         (body,), _ = self._conditional(self.graph, seed.launches, self.handle, cond.CU_GRAPH_COND_TYPE_WHILE)
         if chains:  # an IF node of size 2: the chain's pass when its handle is set, else the single token's

@@ -21,17 +21,7 @@ class HostLoop:
         self.state = state
         self.step = StepLaunches(model, state, dense)
         self.forward, self.pos_args = model.step_launches(token_ptr=0, pos_ptr=0, cluster_attention=cluster_attention)
-        ctl = state.ctl.ptr
-        self.chain = (
-            model.chain_launches(
-                tokens_ptr=ctl + 4 * CTL["chain"],
-                pos_ptr=ctl + 4 * CTL["chain_pos"],
-                count_ptr=ctl + 4 * CTL["nchain"],
-                cluster_attention=cluster_attention,
-            )
-            if chains
-            else []
-        )
+        self.chain = state.chain_launches(model, cluster_attention) if chains else []
 
     def run(self) -> Iterator[None]:
         """Decode one answer, pausing after each step (the caller publishes pointers meanwhile)."""

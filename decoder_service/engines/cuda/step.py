@@ -178,6 +178,17 @@ class StepState:
             raise CudaError(f"the step log disagrees with the published tokens of pointer {pub.pointer}")
         return float(sum(float(v) for v in rows[:, 2].view(np.float32)))
 
+    def chain_launches(self, model: CudaModel, cluster_attention: bool) -> list[Launch]:
+        """``model``'s forward pass of the forced chain this control block names (its tokens, first position and
+        count), as both decode loops run it."""
+        ctl = self.ctl.ptr
+        return model.chain_launches(
+            tokens_ptr=ctl + 4 * CTL["chain"],
+            pos_ptr=ctl + 4 * CTL["chain_pos"],
+            count_ptr=ctl + 4 * CTL["nchain"],
+            cluster_attention=cluster_attention,
+        )
+
     def published(self, start: int = 0) -> list[Published]:
         """Records the device has completed, from index ``start`` (safe while kernels run)."""
         w = self.out.words
