@@ -89,29 +89,35 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return scratch[0];
 }
 
-// Two block-wide sums at once, each with block_sum's tree (so each is bit-identical to it), sharing its barriers.
-// `scratch` holds at least 64 floats.
-__device__ __forceinline__ float2 block_sum2(float a, float b, float* scratch) {
+// N block-wide sums at once, each with block_sum's tree (so each is bit-identical to it), sharing its barriers.
+// `scratch` holds at least 32 * N floats.
+template <int N>
+__device__ __forceinline__ void block_sums(float (&v)[N], float* scratch) {
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, nwarps = blockDim.x / TT_WARP;
-    a = warp_sum(a);
-    b = warp_sum(b);
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = warp_sum(v[i]);
     __syncthreads();
     if (lane == 0) {
-        scratch[warp] = a;
-        scratch[32 + warp] = b;
+#pragma unroll
+        for (int i = 0; i < N; ++i) scratch[32 * i + warp] = v[i];
     }
     __syncthreads();
     if (warp == 0) {
-        float p = lane < nwarps ? scratch[lane] : 0.0f, q = lane < nwarps ? scratch[32 + lane] : 0.0f;
-        p = warp_sum(p);
-        q = warp_sum(q);
-        if (lane == 0) {
-            scratch[0] = p;
-            scratch[32] = q;
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const float p = warp_sum(lane < nwarps ? scratch[32 * i + lane] : 0.0f);
+            if (lane == 0) scratch[32 * i] = p;
         }
     }
     __syncthreads();
-    return make_float2(scratch[0], scratch[32]);
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = scratch[32 * i];
+}
+
+__device__ __forceinline__ float2 block_sum2(float a, float b, float* scratch) {
+    float v[2] = {a, b};
+    block_sums<2>(v, scratch);
+    return make_float2(v[0], v[1]);
 }
 
 __device__ __forceinline__ float block_max(float v, float* scratch) {

@@ -16,7 +16,9 @@
 // gemv_bf16's blocks do; any grid up to G covers every row once, and the grid changes no result.
 // The chain forms (gemv_stream_chain_*) take a forced chain's 2 to GSTREAM_CHAIN_TOKENS tokens in one pass over the
 // weights: every token's input row is staged, and each chunk a lane reads from the ring goes into every token's sum,
-// in the order above, so each token's row is the single-token kernel's bits.
+// in the order above, so each token's row is the single-token kernel's bits. A SwiGLU chain whose rows are one piece
+// each and whose ring holds pairs reduces a group's gate and up rows together, reading each staged input once for
+// both; a chain's lanes unroll 2 chunks, not 8, so that its MT sums per chunk fit 128 registers.
 // Requires K % 8 == 0, as gemv_bf16. Dynamic shared memory: stages * GSTREAM_TILE_BYTES + K * 4 bytes (the chain
 // forms: + GSTREAM_CHAIN_TOKENS * K * 4).
 #pragma once
@@ -102,6 +104,116 @@ __device__ __forceinline__ GstreamWarp gemv_stream_start(const bf16_t* __restric
     return st;
 }
 
+// The input rows of a forced chain's MT tokens (rows 0 .. MT - 1 of x) staged as gemv_stage_input<true> stages each.
+// Normalised rows that fit one batch load in one round and share one block reduction of their sums of squares
+// (block_sums: block_sum's tree per token); other rows go one token after another. The same values, slot for slot,
+// as MT calls of gemv_stage_input<true>.
+template <int MT>
+__device__ __forceinline__ void gemv_stage_chain_inputs(float4* __restrict__ xs4, const float* __restrict__ x,
+                                                        const bf16_t* __restrict__ norm_w, int x_mode, float eps,
+                                                        int K, float* scratch) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const int k4 = K / 4, stride = blockDim.x;
+    auto slot = [K](int e) { return (e % 2) * (K / 8) + e / 2; };
+    if (x_mode != GEMV_IN_RMSNORM) {  // plain rows one token after another: one run of loads measured slower
+        for (int t = 0; t < MT; ++t)
+            gemv_stage_input<true>(xs4 + t * k4, x + (size_t)t * K, norm_w, x_mode, eps, K, scratch);
+        return;
+    }
+    if (k4 > GEMV_STAGE_BATCH * stride) {  // normalised rows wider than one batch: likewise
+#pragma unroll 1
+        for (int t = 0; t < MT; ++t)
+            gemv_stage_input<true>(xs4 + t * k4, x + (size_t)t * K, norm_w, x_mode, eps, K, scratch);
+        return;
+    }
+    float4 v[MT][GEMV_STAGE_BATCH];
+    uint2 w[GEMV_STAGE_BATCH];
+    const uint2* w4 = reinterpret_cast<const uint2*>(norm_w);
+#pragma unroll
+    for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
+        const int e = threadIdx.x + i * stride;
+        if (e < k4) {
+            w[i] = w4[e];
+#pragma unroll
+            for (int t = 0; t < MT; ++t) v[t][i] = x4[t * k4 + e];
+        }
+    }
+    float ss[MT];
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+        ss[t] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
+            if (threadIdx.x + i * stride < k4) {
+                ss[t] = fmaf(v[t][i].x, v[t][i].x, ss[t]);
+                ss[t] = fmaf(v[t][i].y, v[t][i].y, ss[t]);
+                ss[t] = fmaf(v[t][i].z, v[t][i].z, ss[t]);
+                ss[t] = fmaf(v[t][i].w, v[t][i].w, ss[t]);
+            }
+        }
+    }
+    block_sums<MT>(ss, scratch);
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+        const float inv = rms_inverse(ss[t], K, eps);
+#pragma unroll
+        for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
+            const int e = threadIdx.x + i * stride;
+            if (e < k4) {
+                float w0, w1, w2, w3;
+                bf16x2_to_float(w[i].x, w0, w1);
+                bf16x2_to_float(w[i].y, w2, w3);
+                xs4[t * k4 + slot(e)] = make_float4(v[t][i].x * inv * w0, v[t][i].y * inv * w1,
+                                                    v[t][i].z * inv * w2, v[t][i].w * inv * w3);
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// One group's gate and up rows of a chain (SwiGLU, whole rows in one piece) from ring slots s and s + 1, each chunk's
+// staged inputs read once for both rows; each row's sums are those of the one-row loop in gemv_stream_rows (the same
+// chunks in the same order, the same butterfly). Then both slots take the warp's next pieces, and the cursor moves on.
+template <int MT>
+__device__ __forceinline__ void gemv_stream_gate_up_pair(GstreamWarp& st, const float4* xs4, int& s, uint32_t& phase,
+                                                         int& i, float (&sums)[2][MT]) {
+    const int lane = threadIdx.x % TT_WARP, K = st.K;
+    float gate[MT], up[MT];
+#pragma unroll
+    for (int t = 0; t < MT; ++t) gate[t] = up[t] = 0.0f;
+    mbar_wait(&st.full[s], phase);
+    mbar_wait(&st.full[s + 1], phase);
+    const uint4* wg = reinterpret_cast<const uint4*>(st.ring + s * (GSTREAM_TILE_K * 2));
+    const uint4* wu = reinterpret_cast<const uint4*>(st.ring + (s + 1) * (GSTREAM_TILE_K * 2));
+#pragma unroll 2
+    for (int c = lane; c < K / 8; c += TT_WARP) {
+        const uint4 a = wg[c], b = wu[c];
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+            const float4 xa = xs4[t * (K / 4) + c], xb = xs4[t * (K / 4) + K / 8 + c];
+            gate[t] = gemv_fma_chunk(gate[t], a, xa, xb);
+            up[t] = gemv_fma_chunk(up[t], b, xa, xb);
+        }
+    }
+    __syncwarp();  // every lane has read both slots
+    if (lane == 0) {
+        fence_proxy_async_shared();
+        if (i + st.stages < st.pieces) st.issue(s);
+        if (i + 1 + st.stages < st.pieces) st.issue(s + 1);
+    }
+    i += 2;
+    s += 2;
+    if (s == st.stages) {
+        s = 0;
+        phase ^= 1;
+    }
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+        sums[0][t] = warp_sum(gate[t]);
+        sums[1][t] = warp_sum(up[t]);
+    }
+}
+
 // After the wait: the input rows of tokens t0 .. t0 + MT - 1 staged, then the warp's rows reduced against each of
 // them. Token t's sum is the single-token sum (chunks in the same order, the same butterfly), whatever MT is: a
 // weight chunk leaves shared memory once for all MT tokens.
@@ -130,13 +242,20 @@ __device__ __forceinline__ void gemv_stream_rows(GstreamWarp& st, const float* _
 
     float4* xs4 = reinterpret_cast<float4*>(gstream_smem + (size_t)stages * GSTREAM_TILE_BYTES);
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 1);
-#pragma unroll 1
-    for (int t = 0; t < MT; ++t)
-        gemv_stage_input<true>(xs4 + t * (K / 4), x + (size_t)(t0 + t) * K, norm_w, x_mode, eps, K, scratch);
+    if constexpr (MT == 1)
+        gemv_stage_input<true>(xs4, x + (size_t)t0 * K, norm_w, x_mode, eps, K, scratch);
+    else
+        gemv_stage_chain_inputs<MT>(xs4, x + (size_t)t0 * K, norm_w, x_mode, eps, K, scratch);
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 2);
     // Token t's inputs 8c .. 8c + 3 of chunk c at xs4[t * K / 4 + c], 8c + 4 .. 8c + 7 at xs4[t * K / 4 + K / 8 + c]
     int i = 0, s = 0;
     uint32_t phase = 0;
+    // A lane's chunks of a piece in flight at once: eight for one token; two for a chain, whose MT sums per chunk
+    // would otherwise take more than the 128 registers of two blocks per SM.
+    constexpr int unroll = MT == 1 ? 8 : 2;
+    // A chain's gate and up rows read each staged input once for both (half the shared-memory reads per weight byte)
+    // when the two pieces of a group sit side by side in the ring: whole rows in one piece, a ring of pairs.
+    const bool pair_gate_up = SWIGLU && MT > 1 && k_tiles == 1 && stages % 2 == 0;
     for (int g = blockIdx.x; g < warp_groups; g += gridDim.x) {
         const int j = g * GEMV_WARPS + warp;  // this warp's output row
         // the writer's bias and the next row's residual are in flight while the row is reduced
@@ -147,36 +266,41 @@ __device__ __forceinline__ void gemv_stream_rows(GstreamWarp& st, const float* _
 #pragma unroll
         for (int p = 0; p < passes; ++p) bias_p[p] = writer && bias ? bf16_to_float(bias[p * (N / 2) + j]) : 0.0f;
         float sums[passes][MT];
+        if constexpr (SWIGLU && MT > 1) {
+            if (pair_gate_up) gemv_stream_gate_up_pair<MT>(st, xs4, s, phase, i, sums);
+        }
+        if (!pair_gate_up) {
 #pragma unroll
-        for (int p = 0; p < passes; ++p) {
-            float acc[MT];
+            for (int p = 0; p < passes; ++p) {
+                float acc[MT];
 #pragma unroll
-            for (int t = 0; t < MT; ++t) acc[t] = 0.0f;
-            for (int kt = 0; kt < k_tiles; ++kt, ++i) {
-                mbar_wait(&st.full[s], phase);
-                const uint4* wt = reinterpret_cast<const uint4*>(st.ring + s * (GSTREAM_TILE_K * 2));
-                const int chunks = min(GSTREAM_TILE_K, K - kt * GSTREAM_TILE_K) / 8;
-                const int base = kt * (GSTREAM_TILE_K / 8);
-#pragma unroll 8
-                for (int c = lane; c < chunks; c += TT_WARP) {
-                    const uint4 w = wt[c];
+                for (int t = 0; t < MT; ++t) acc[t] = 0.0f;
+                for (int kt = 0; kt < k_tiles; ++kt, ++i) {
+                    mbar_wait(&st.full[s], phase);
+                    const uint4* wt = reinterpret_cast<const uint4*>(st.ring + s * (GSTREAM_TILE_K * 2));
+                    const int chunks = min(GSTREAM_TILE_K, K - kt * GSTREAM_TILE_K) / 8;
+                    const int base = kt * (GSTREAM_TILE_K / 8);
+#pragma unroll unroll
+                    for (int c = lane; c < chunks; c += TT_WARP) {
+                        const uint4 w = wt[c];
 #pragma unroll
-                    for (int t = 0; t < MT; ++t)
-                        acc[t] = gemv_fma_chunk(acc[t], w, xs4[t * (K / 4) + base + c],
-                                                xs4[t * (K / 4) + K / 8 + base + c]);
+                        for (int t = 0; t < MT; ++t)
+                            acc[t] = gemv_fma_chunk(acc[t], w, xs4[t * (K / 4) + base + c],
+                                                    xs4[t * (K / 4) + K / 8 + base + c]);
+                    }
+                    __syncwarp();  // every lane has read the slot
+                    if (lane == 0 && i + stages < pieces) {
+                        fence_proxy_async_shared();  // those reads come before the copy unit's write
+                        st.issue(s);
+                    }
+                    if (++s == stages) {
+                        s = 0;
+                        phase ^= 1;
+                    }
                 }
-                __syncwarp();  // every lane has read the slot
-                if (lane == 0 && i + stages < pieces) {
-                    fence_proxy_async_shared();  // those reads come before the copy unit's write
-                    st.issue(s);
-                }
-                if (++s == stages) {
-                    s = 0;
-                    phase ^= 1;
-                }
+#pragma unroll
+                for (int t = 0; t < MT; ++t) sums[p][t] = warp_sum(acc[t]);
             }
-#pragma unroll
-            for (int t = 0; t < MT; ++t) sums[p][t] = warp_sum(acc[t]);
         }
         if (writer) {
 #pragma unroll
@@ -227,7 +351,7 @@ __device__ __forceinline__ void gemv_stream_chain(const bf16_t* __restrict__ W, 
                                                   int N, int K, int stages, const int* count) {
     extern __shared__ __align__(16) unsigned char gstream_smem[];
     __shared__ __align__(8) uint64_t full[GEMV_WARPS][GSTREAM_MAX_STAGES];
-    __shared__ float scratch[32];
+    __shared__ float scratch[32 * GSTREAM_CHAIN_TOKENS];  // block_sums of the tokens' sums of squares
     GstreamWarp st = gemv_stream_start<SWIGLU>(W, N, K, stages, gstream_smem, full[threadIdx.x / TT_WARP]);
     pdl_enter();
     switch (*count) {  // uniform: one value for the whole grid
@@ -254,14 +378,15 @@ gemv_stream_swiglu_bf16(const bf16_t* __restrict__ W, const float* __restrict__ 
 
 // The chain forms of the two kernels above: *count tokens (2 to GSTREAM_CHAIN_TOKENS), rows 0 .. *count - 1 of x,
 // residual and y.
-extern "C" __global__ void __launch_bounds__(GSTREAM_THREADS)
+// Held to 128 registers: two blocks fit an SM, as the host's layout assumes.
+extern "C" __global__ void __launch_bounds__(GSTREAM_THREADS, 2)
 gemv_stream_chain_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_t* __restrict__ norm_w,
                        int x_mode, float eps, const bf16_t* __restrict__ bias, const float* residual, float* y, int N,
                        int K, int stages, const int* count) {
     gemv_stream_chain<false>(W, x, norm_w, x_mode, eps, bias, residual, y, N, K, stages, count);
 }
 
-extern "C" __global__ void __launch_bounds__(GSTREAM_THREADS)
+extern "C" __global__ void __launch_bounds__(GSTREAM_THREADS, 2)
 gemv_stream_chain_swiglu_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x,
                               const bf16_t* __restrict__ norm_w, int x_mode, float eps,
                               const bf16_t* __restrict__ bias, float* y, int N, int K, int stages, const int* count) {

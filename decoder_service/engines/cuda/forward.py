@@ -41,9 +41,11 @@ GEMV_MAX_BLOCKS = 2 * 132
 # ring shallower than 2. TOOLTRIE_GEMV_BLOCKS_PER_SM (one count for all) and TOOLTRIE_GEMV_STAGES (a cap on the
 # depth) override them, to tune another GPU.
 GSTREAM_THREADS = GEMV_WARPS * 32
-GSTREAM_TILE_BYTES = GEMV_WARPS * 2048 * 2  # one 2,048-column bf16 piece per warp: the shared memory of a ring stage
+GSTREAM_TILE_K = 2048  # columns of a row piece (cuda/gemv_stream.cuh)
+GSTREAM_TILE_BYTES = GEMV_WARPS * GSTREAM_TILE_K * 2  # one piece per warp: the shared memory of a ring stage
 GSTREAM_MAX_STAGES = 6  # cuda/gemv_stream.cuh
 GSTREAM_STATIC_SHARED = 512  # its static shared memory (ptxas -v): the ring's barriers and a reduction scratch
+GSTREAM_CHAIN_STATIC_SHARED = 896  # the chain forms', whose scratch holds every token's block reduction
 GSTREAM_BLOCKS_PER_SM = 2
 GSTREAM_SWIGLU_BLOCKS_PER_SM = 3  # gate|up (a gate and an up piece per group): measured faster so
 GSTREAM_MIN_STAGES = 2  # a ring below which a GEMV takes fewer blocks per SM
@@ -128,7 +130,8 @@ def gemv_stream_shared(k_in: int, stages: int, tokens: int = 1) -> int:
 def _ring_room(k_in: int, blocks_per_sm: int, sm_shared: int, tokens: int = 1) -> int:
     """Ring stages that fit each of ``blocks_per_sm`` streaming GEMV blocks of ``k_in``-wide rows (``tokens`` input
     rows staged) in one SM's ``sm_shared`` bytes of shared memory (0 or less: not even the input rows fit)."""
-    per_block = sm_shared // blocks_per_sm - SM_RESERVED_SHARED - GSTREAM_STATIC_SHARED - tokens * k_in * F32
+    static = GSTREAM_STATIC_SHARED if tokens == 1 else GSTREAM_CHAIN_STATIC_SHARED
+    per_block = sm_shared // blocks_per_sm - SM_RESERVED_SHARED - static - tokens * k_in * F32
     return per_block // GSTREAM_TILE_BYTES
 
 
@@ -163,6 +166,23 @@ def gemv_stream_layout(
     want = min(GSTREAM_MIN_STAGES, cap)
     blocks = next((b for b in range(max_blocks, 1, -1) if _ring_room(k_in, b, sm_shared, tokens) >= want), 1)
     return blocks, gemv_stream_stages(k_in, blocks, sm_shared, cap, tokens)
+
+
+def gemv_chain_layout(
+    k_in: int,
+    swiglu: bool,
+    sm_shared: int,
+    max_blocks: int,
+    fixed_blocks: int | None = None,
+    cap: int = GSTREAM_MAX_STAGES,
+) -> tuple[int, int]:
+    """(blocks per SM, ring depth) of a streaming GEMV's chain form: gemv_stream_layout with CHAIN_TOKENS input rows,
+    a SwiGLU ring of whole-row pieces cut to an even depth, so that it holds gate|up pairs (the kernel then reads
+    each staged input once for both rows)."""
+    blocks, stages = gemv_stream_layout(k_in, sm_shared, max_blocks, fixed_blocks, cap, CHAIN_TOKENS)
+    if swiglu and stages > 2 and k_in <= GSTREAM_TILE_K:
+        stages -= stages % 2
+    return blocks, stages
 
 
 def check_config(config: ModelConfig) -> None:
@@ -266,7 +286,7 @@ class CudaModel:
                 most = GSTREAM_SWIGLU_BLOCKS_PER_SM if swiglu else GSTREAM_BLOCKS_PER_SM
                 blocks, stages = gemv_stream_layout(k, sm_shared, most, fixed_blocks, stage_cap)
                 self.gemv_layout[(k, swiglu)] = (blocks * sms, stages)
-                blocks, stages = gemv_stream_layout(k, sm_shared, most, fixed_blocks, stage_cap, CHAIN_TOKENS)
+                blocks, stages = gemv_chain_layout(k, swiglu, sm_shared, most, fixed_blocks, stage_cap)
                 self.gemv_chain_layout[(k, swiglu)] = (blocks * sms, stages)
         for layout, tokens, names in (
             (self.gemv_layout, 1, ("gemv_stream_bf16", "gemv_stream_swiglu_bf16")),

@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 
 from decoder_service.engines.cuda import cuda_available
-from decoder_service.engines.cuda.forward import ATTN_STATIC_SHARED, GSTREAM_STATIC_SHARED, check_config
+from decoder_service.engines.cuda.forward import (
+    ATTN_STATIC_SHARED,
+    GSTREAM_CHAIN_STATIC_SHARED,
+    GSTREAM_STATIC_SHARED,
+    check_config,
+)
 from decoder_service.engines.cuda.memory import bf16_bits_to_float, to_bf16_bits
 from decoder_service.engines.cuda.persistent import PDEC_STATIC_SHARED
 from decoder_service.models.config import ModelConfig
@@ -136,4 +141,6 @@ def test_host_shared_memory_constants_cover_the_kernels(tmp_path: Path) -> None:
     assert shared["decode_persistent"] <= PDEC_STATIC_SHARED
     assert shared["gemv_stream_bf16"] <= GSTREAM_STATIC_SHARED
     assert shared["gemv_stream_swiglu_bf16"] <= GSTREAM_STATIC_SHARED
+    assert shared["gemv_stream_chain_bf16"] <= GSTREAM_CHAIN_STATIC_SHARED
+    assert shared["gemv_stream_chain_swiglu_bf16"] <= GSTREAM_CHAIN_STATIC_SHARED
     assert shared["attention"] <= ATTN_STATIC_SHARED

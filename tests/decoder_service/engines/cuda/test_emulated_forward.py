@@ -217,6 +217,27 @@ def test_gemv_layout_takes_the_most_blocks_that_keep_a_ring_of_two(
     assert stages == gemv_stream_stages(k_in, blocks, H200_SM_SHARED, cap)
 
 
+@pytest.mark.parametrize(
+    ("k_in", "swiglu", "most", "fixed", "layout"),
+    [
+        (2048, True, 3, None, (2, 2)),  # the Qwen3-1.7B gate|up: four tokens' rows leave room for two blocks
+        (6144, False, 2, None, (1, 4)),  # its down rows: one block
+        (576, True, 3, 2, (2, 2)),  # a ring of 3 would split a gate|up pair: 2
+        (576, False, 3, 2, (2, 3)),  # a plain GEMV keeps the deepest ring
+        (576, True, 3, 1, (1, 6)),
+        (2504, True, 3, 1, (1, 5)),  # rows of two pieces are never read as pairs: no need to cut
+    ],
+)
+def test_chain_gemv_layout_keeps_gate_up_pairs_in_the_ring(
+    k_in: int, swiglu: bool, most: int, fixed: int | None, layout: tuple[int, int]
+) -> None:
+    from decoder_service.engines.cuda.forward import CHAIN_TOKENS, gemv_chain_layout, gemv_stream_shared
+
+    assert gemv_chain_layout(k_in, swiglu, H200_SM_SHARED, most, fixed) == layout
+    blocks, stages = layout
+    assert blocks * gemv_stream_shared(k_in, stages, CHAIN_TOKENS) <= H200_SM_SHARED
+
+
 def test_gate_up_gemv_runs_three_blocks_per_sm_and_the_others_two(fake_driver: FakeDriver) -> None:
     """The default layout on the emulated H200: the SwiGLU-output GEMV with rings of 2 at three blocks per SM, the
     plain ones (and the dense head) with rings of 3 at two."""

@@ -349,6 +349,64 @@ def test_gemv_stream_equals_gemv(
         assert same, f"{label}: grid {grid_x}, {stages} stages differ from gemv_bf16"
 
 
+@pytest.mark.parametrize(
+    ("n_out", "k_in", "x_mode", "bias", "residual", "swiglu", "stages"),
+    [
+        (2 * 6144, 2048, 1, False, False, True, 2),  # the Qwen3-1.7B gate|up: gate and up rows read as pairs
+        (2 * 6144, 2048, 1, False, False, True, 3),  # an odd ring: one row at a time
+        (2 * 1536, 576, 1, True, False, True, 4),  # SmolLM2's gate|up, pairs in a deeper ring
+        (2 * 150, 2504, 1, True, False, True, 2),  # rows of two pieces: one row at a time
+        (2048, 6144, 0, False, True, False, 4),  # the Qwen3-1.7B down: plain rows copied straight to shared memory
+        (4096, 2048, 1, True, False, False, 2),  # its qkv, with a bias
+        (520, 6144, 1, True, True, False, 2),  # a norm over more than one staging batch: tokens one after another
+        (1001, 576, 1, False, True, False, 3),  # a part piece and a part group
+    ],
+)
+def test_gemv_stream_chain_equals_the_single_token_kernel(
+    dev: Device,
+    rng: np.random.Generator,
+    n_out: int,
+    k_in: int,
+    x_mode: int,
+    bias: bool,
+    residual: bool,
+    swiglu: bool,
+    stages: int,
+) -> None:
+    """A forced chain's GEMV (2 to GSTREAM_CHAIN_TOKENS tokens in one pass over the weights) gives every token the
+    bits of the single-token kernel, whatever the ring: gate 12 (a chain's pass == a pass per token) rests on it."""
+    from decoder_service.engines.cuda.forward import CHAIN_TOKENS
+
+    wbits, _ = bf16_random(rng, (n_out, k_in), 0.05)
+    bbits, _ = bf16_random(rng, n_out, 0.5)
+    nbits, _ = bf16_random(rng, k_in, 0.2, 1.0)
+    n_y = n_out // 2 if swiglu else n_out
+    wb = dev.put(wbits)
+    norm, bb = dev.put(nbits) if x_mode == 1 else None, dev.put(bbits) if bias else None
+    name = "gemv_stream_chain_swiglu_bf16" if swiglu else "gemv_stream_chain_bf16"
+    shared = gemv_stream_shared(k_in, stages, CHAIN_TOKENS)
+    dev.module.kernel(name).set_max_dynamic_shared(shared)
+    label = f"gemv_stream_chain/{IN_MODES[x_mode]}{OUT_MODES[int(swiglu)]}/{n_out}x{k_in}/stages{stages}"
+    for count in range(2, CHAIN_TOKENS + 1):
+        x = (2.0 * rng.standard_normal((CHAIN_TOKENS, k_in))).astype(F32)  # rows past count are never read
+        r = rng.standard_normal((CHAIN_TOKENS, n_y)).astype(F32)
+        xb = dev.put(x)
+        single = dev.put(r) if residual else dev.poisoned(CHAIN_TOKENS * n_y)
+        gemv_stream_launch(
+            dev, 132, count, wb, xb, norm, x_mode, bb, single if residual else None, single, n_out, k_in, 3, swiglu
+        )
+        chain = dev.put(r) if residual else dev.poisoned(CHAIN_TOKENS * n_y)
+        args = [*gemv_args(wb, xb, norm, x_mode, 1e-5, bb, chain if residual else None, chain, swiglu)]
+        args += [("i32", n_out), ("i32", k_in), ("i32", stages), ("ptr", dev.put(np.array([count], np.int32)).ptr)]
+        dev.launch(name, (132, 1, 1), (GSTREAM_THREADS, 1, 1), args, shared=shared)
+        want, got = dev.get(single, F32, (CHAIN_TOKENS, n_y))[:count], dev.get(chain, F32, (CHAIN_TOKENS, n_y))
+        same = bool(np.array_equal(got[:count], want))
+        record("kernel", f"{label}/tokens{count}/bit-identical", exact=same)
+        assert same, f"{label}: a chain of {count} tokens differs from the single-token kernel"
+        if residual:  # rows past the chain's keep their residual
+            assert np.array_equal(got[count:], r[count:])
+
+
 def _gemm_args(x, w, bias, residual, out, m: int, n_out: int, k_in: int) -> list[tuple[str, int | float]]:
     """The argument list of gemm_bf16 and the tensor-core GEMMs."""
     pointers = [("ptr", buf.ptr) for buf in (x, w, bias, residual, out)]
