@@ -59,23 +59,13 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
         float ss = 0.0f;
 #pragma unroll
         for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
-            if (threadIdx.x + i * stride < k4) {
-                ss = fmaf(v[i].x, v[i].x, ss);
-                ss = fmaf(v[i].y, v[i].y, ss);
-                ss = fmaf(v[i].z, v[i].z, ss);
-                ss = fmaf(v[i].w, v[i].w, ss);
-            }
+            if (threadIdx.x + i * stride < k4) ss = fma_squares(v[i], ss);
         }
         const float inv = rms_inverse(block_sum(ss, scratch), K, eps);
 #pragma unroll
         for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
             const int e = threadIdx.x + i * stride;
-            if (e < k4) {
-                float w0, w1, w2, w3;
-                bf16x2_to_float(w[i].x, w0, w1);
-                bf16x2_to_float(w[i].y, w2, w3);
-                xs4[slot(e)] = make_float4(v[i].x * inv * w0, v[i].y * inv * w1, v[i].z * inv * w2, v[i].w * inv * w3);
-            }
+            if (e < k4) xs4[slot(e)] = rms_scale4(v[i], inv, w[i]);
         }
     } else if (x_mode == GEMV_IN_RMSNORM) {
         const float inv = rms_inverse(rms_sum_of_squares<CG>(x4, k4, scratch), K, eps);
@@ -94,14 +84,7 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
 #pragma unroll
             for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
                 const int e = base + i * stride;
-                if (e < k4) {
-                    float w0, w1, w2, w3;
-                    bf16x2_to_float(w[i].x, w0, w1);
-                    bf16x2_to_float(w[i].y, w2, w3);
-                    // x * inv * w, as the rmsnorm kernel writes each element
-                    xs4[slot(e)] =
-                        make_float4(v[i].x * inv * w0, v[i].y * inv * w1, v[i].z * inv * w2, v[i].w * inv * w3);
-                }
+                if (e < k4) xs4[slot(e)] = rms_scale4(v[i], inv, w[i]);  // as the rmsnorm kernel writes each element
             }
         }
     } else {  // twice the batch: a 6,144-wide row (the MLP down GEMV's) is staged in one round of loads, not two

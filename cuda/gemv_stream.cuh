@@ -144,12 +144,7 @@ __device__ __forceinline__ void gemv_stage_chain_inputs(float4* __restrict__ xs4
         ss[t] = 0.0f;
 #pragma unroll
         for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
-            if (threadIdx.x + i * stride < k4) {
-                ss[t] = fmaf(v[t][i].x, v[t][i].x, ss[t]);
-                ss[t] = fmaf(v[t][i].y, v[t][i].y, ss[t]);
-                ss[t] = fmaf(v[t][i].z, v[t][i].z, ss[t]);
-                ss[t] = fmaf(v[t][i].w, v[t][i].w, ss[t]);
-            }
+            if (threadIdx.x + i * stride < k4) ss[t] = fma_squares(v[t][i], ss[t]);
         }
     }
     block_sums<MT>(ss, scratch);
@@ -159,13 +154,7 @@ __device__ __forceinline__ void gemv_stage_chain_inputs(float4* __restrict__ xs4
 #pragma unroll
         for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
             const int e = threadIdx.x + i * stride;
-            if (e < k4) {
-                float w0, w1, w2, w3;
-                bf16x2_to_float(w[i].x, w0, w1);
-                bf16x2_to_float(w[i].y, w2, w3);
-                xs4[t * k4 + slot(e)] = make_float4(v[t][i].x * inv * w0, v[t][i].y * inv * w1,
-                                                    v[t][i].z * inv * w2, v[t][i].w * inv * w3);
-            }
+            if (e < k4) xs4[t * k4 + slot(e)] = rms_scale4(v[t][i], inv, w[i]);
         }
     }
     __syncthreads();

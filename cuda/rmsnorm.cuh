@@ -5,6 +5,23 @@
 #pragma once
 #include "common.cuh"
 
+// ss plus the squares of v's components in order: the sum of squares' expression wherever a row is normalised.
+__device__ __forceinline__ float fma_squares(const float4 v, float ss) {
+    ss = fmaf(v.x, v.x, ss);
+    ss = fmaf(v.y, v.y, ss);
+    ss = fmaf(v.z, v.z, ss);
+    return fmaf(v.w, v.w, ss);
+}
+
+// x * inv * w for the four values of a float4 chunk and their four bf16 norm weights: the rmsnorm kernel's
+// expression for each element.
+__device__ __forceinline__ float4 rms_scale4(const float4 v, float inv, const uint2 w) {
+    float w0, w1, w2, w3;
+    bf16x2_to_float(w.x, w0, w1);
+    bf16x2_to_float(w.y, w2, w3);
+    return make_float4(v.x * inv * w0, v.y * inv * w1, v.z * inv * w2, v.w * inv * w3);
+}
+
 // Per-thread partial sum of squares of n4 float4 chunks, then the block total (every thread receives it). CG: load
 // through L2 only (load_activation).
 template <bool CG = false>
@@ -12,11 +29,7 @@ __device__ __forceinline__ float rms_sum_of_squares(const float4* __restrict__ x
     float ss = 0.0f;
 #pragma unroll 4
     for (int e = threadIdx.x; e < n4; e += blockDim.x) {
-        const float4 v = load_activation<CG>(x4 + e);
-        ss = fmaf(v.x, v.x, ss);
-        ss = fmaf(v.y, v.y, ss);
-        ss = fmaf(v.z, v.z, ss);
-        ss = fmaf(v.w, v.w, ss);
+        ss = fma_squares(load_activation<CG>(x4 + e), ss);
     }
     return block_sum(ss, scratch);
 }
