@@ -120,7 +120,9 @@ __device__ __forceinline__ void gemv_stage_chain_inputs(float4* __restrict__ xs4
             gemv_stage_input<true>(xs4 + t * k4, x + (size_t)t * K, norm_w, x_mode, eps, K, scratch);
         return;
     }
-    if (k4 > GEMV_STAGE_BATCH * stride) {  // normalised rows wider than one batch: likewise
+    // Normalised rows wider than one batch: likewise. (A separate branch: folded into the one above, ptxas spills
+    // the chain kernels at their 128 registers.)
+    if (k4 > GEMV_STAGE_BATCH * stride) {
 #pragma unroll 1
         for (int t = 0; t < MT; ++t)
             gemv_stage_input<true>(xs4 + t * k4, x + (size_t)t * K, norm_w, x_mode, eps, K, scratch);
