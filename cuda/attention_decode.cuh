@@ -9,8 +9,9 @@
 //   with V loaded straight into registers, positions dealt round-robin to thread groups, the groups added in
 //   ascending order; (m, l, acc) go to `partial`;
 //   the block that finishes a head last (a counter per head, over the blocks that have a chunk; the others leave
-//   at once) merges its chunks in ascending order (m = max m_c, weights exp(m_c - m)) into out, and resets the
-//   counter. Which block merges changes nothing. attention_decode_cluster (the same body, launched as clusters of
+//   at once) merges its chunks in ascending order (m = max m_c, weights exp(m_c - m); past ATTN_MERGE_SPLIT chunks
+//   in contiguous runs summed by separate threads, the runs added in order) into out, and resets the counter.
+//   Which block merges changes nothing. attention_decode_cluster (the same body, launched as clusters of
 //   ATTN_CLUSTER blocks) merges contexts of at most ATTN_CLUSTER chunks inside the head's first cluster instead:
 //   each block writes its record into the shared memory of the cluster's first block, which merges them with the
 //   same arithmetic, so the records' global round trips and the counter's atomic leave the chain (the same bits).
@@ -35,6 +36,7 @@ static_assert(ATTN_CHUNK == TT_WARP, "each warp's softmax takes one score a lane
 #define ATTN_ROWS_PER_WARP (ATTN_CHUNK / ATTN_SPLIT_WARPS)
 #define ATTN_V_COL 16                // V values a thread holds in registers at a time
 #define ATTN_MERGE_BATCH 16          // chunk values per output element loaded together by the merge
+#define ATTN_MERGE_SPLIT (2 * ATTN_MERGE_BATCH)  // past this many chunks the merge splits them over the block's threads
 #define ATTN_TRACE_PROBES 13         // TT_MARK probes per block (-DTT_TRACE; bench/gpu_trace_attention.py names them)
 // Chunks the merge holds: 65,536 positions. The host's max_context is bounded lower, by the prefill attention's
 // shared memory (one score per position: about 49,600), so this is never the limit.
@@ -251,32 +253,12 @@ __device__ __forceinline__ void attn_chunk_record(const float* __restrict__ k_ca
     __syncthreads();  // p, weights and red are reused by the next chunk; the records are written
 }
 
-// Counts this block's records of head h in (`arrivals` of `done[h]`'s `expected`); the block that brings the count to
-// `expected` merges the head's n_chunks records in ascending order into out and resets the counter. Which block
-// merges changes nothing. merge_m and merge_l hold n_chunks floats each (shared memory). Uniform across the block.
-// The barrier that ends the last chunk orders the block's record writes before thread 0's count, whose release
-// (cumulative) publishes them; the merging block's count is also an acquire, and the barrier after it orders its
-// threads' reads of the other blocks' records after it. One acq_rel atomic instead of two full fences around a
-// relaxed one.
-__device__ __forceinline__ void attn_count_and_merge(float* __restrict__ partial, float* __restrict__ out,
-                                                     int* __restrict__ done, int h, int n_chunks, int expected,
-                                                     const AttnDims& d, AttnShared& sh, float* merge_m,
-                                                     float* merge_l, int mark) {
-    const int head_dim = d.head_dim;
+// The merge of attn_count_and_merge up to ATTN_MERGE_SPLIT chunks: every chunk's (m, l) into shared memory and each
+// output element's first ATTN_MERGE_BATCH chunk values into registers, in one round of loads; later chunks' values
+// in batches. The merge arithmetic runs in ascending chunk order. ph: head h's records.
+__device__ __forceinline__ void attn_merge_serial(const float* ph, float* __restrict__ out, int h, int n_chunks,
+                                                  int head_dim, float* merge_m, float* merge_l, int mark) {
     const bool active = threadIdx.x < head_dim;
-    TT_MARK(mark + 9);
-    if (threadIdx.x == 0) {
-        int before;
-        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(done + h) : "memory");
-        sh.merge = before == expected - 1;
-    }
-    __syncthreads();
-    TT_MARK(mark + 10);
-    if (!sh.merge) return;
-    // Every chunk's (m, l) into shared memory and each output element's first ATTN_MERGE_BATCH chunk values into
-    // registers, in one round of loads; later chunks' values in batches. The merge arithmetic runs in ascending
-    // chunk order.
-    const float* ph = partial + (size_t)h * d.max_chunks * (head_dim + 2);
     float vals[ATTN_MERGE_BATCH];
 #pragma unroll
     for (int j = 0; j < ATTN_MERGE_BATCH; ++j)
@@ -308,6 +290,90 @@ __device__ __forceinline__ void attn_count_and_merge(float* __restrict__ partial
         }
         out[h * head_dim + threadIdx.x] = a / lsum;
     }
+}
+
+// The merge past ATTN_MERGE_SPLIT chunks, where its serial chain is what long contexts wait for
+// (docs/cuda-speed-notes.md #75): the chunks' max by a block reduction (exact in any order), and the block's
+// blockDim / head_dim parts each merging a contiguous run of the chunks as attn_merge_serial does; the parts' sums
+// are added in part order. The arithmetic depends on n_chunks and head_dim alone, never on the grid.
+__device__ __forceinline__ void attn_merge_split(const float* ph, float* __restrict__ out, int h, int n_chunks,
+                                                 int head_dim, AttnShared& sh, float* merge_m, float* merge_l,
+                                                 int mark) {
+    const int parts = (int)blockDim.x / head_dim;  // at most 16 (head_dim >= 16): sh.scratch[32 ..] holds their l
+    const int part = threadIdx.x / head_dim, e = threadIdx.x % head_dim;
+    const int per_part = (n_chunks + parts - 1) / parts;
+    const int c_begin = min(n_chunks, part * per_part), c_end = min(n_chunks, c_begin + per_part);
+    const bool merging = part < parts;
+    float vals[ATTN_MERGE_BATCH];
+#pragma unroll
+    for (int j = 0; j < ATTN_MERGE_BATCH; ++j)
+        vals[j] = merging && c_begin + j < c_end ? __ldcg(ph + (c_begin + j) * (head_dim + 2) + 2 + e) : 0.0f;
+    float mx = -INFINITY;
+    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) {
+        merge_m[c] = __ldcg(ph + c * (head_dim + 2));
+        merge_l[c] = __ldcg(ph + c * (head_dim + 2) + 1);
+        mx = fmaxf(mx, merge_m[c]);
+    }
+    mx = block_max(mx, sh.scratch);  // its barriers also publish merge_m and merge_l
+    TT_MARK(mark + 11);
+    float lsum = 0.0f, a = 0.0f;
+    if (merging) {
+        for (int c0 = c_begin; c0 < c_end; c0 += ATTN_MERGE_BATCH) {
+            if (c0 > c_begin) {
+#pragma unroll
+                for (int j = 0; j < ATTN_MERGE_BATCH; ++j)
+                    vals[j] = c0 + j < c_end ? __ldcg(ph + (c0 + j) * (head_dim + 2) + 2 + e) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < ATTN_MERGE_BATCH; ++j) {
+                if (c0 + j < c_end) {
+                    const float w = expf(merge_m[c0 + j] - mx);
+                    lsum = fmaf(merge_l[c0 + j], w, lsum);
+                    a = fmaf(vals[j], w, a);
+                }
+            }
+        }
+        sh.red[threadIdx.x] = a;
+        if (e == 0) sh.scratch[32 + part] = lsum;
+    }
+    __syncthreads();
+    if (threadIdx.x < head_dim) {
+        a = sh.red[threadIdx.x];
+        lsum = sh.scratch[32];
+        for (int p = 1; p < parts; ++p) {  // part order
+            a += sh.red[p * head_dim + threadIdx.x];
+            lsum += sh.scratch[32 + p];
+        }
+        out[h * head_dim + threadIdx.x] = a / lsum;
+    }
+}
+
+// Counts this block's records of head h in (`arrivals` of `done[h]`'s `expected`); the block that brings the count to
+// `expected` merges the head's n_chunks records in ascending order into out and resets the counter. Which block
+// merges changes nothing. merge_m and merge_l hold n_chunks floats each (shared memory). Uniform across the block.
+// The barrier that ends the last chunk orders the block's record writes before thread 0's count, whose release
+// (cumulative) publishes them; the merging block's count is also an acquire, and the barrier after it orders its
+// threads' reads of the other blocks' records after it. One acq_rel atomic instead of two full fences around a
+// relaxed one.
+__device__ __forceinline__ void attn_count_and_merge(float* __restrict__ partial, float* __restrict__ out,
+                                                     int* __restrict__ done, int h, int n_chunks, int expected,
+                                                     const AttnDims& d, AttnShared& sh, float* merge_m,
+                                                     float* merge_l, int mark) {
+    const int head_dim = d.head_dim;
+    TT_MARK(mark + 9);
+    if (threadIdx.x == 0) {
+        int before;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(done + h) : "memory");
+        sh.merge = before == expected - 1;
+    }
+    __syncthreads();
+    TT_MARK(mark + 10);
+    if (!sh.merge) return;
+    const float* ph = partial + (size_t)h * d.max_chunks * (head_dim + 2);
+    if (n_chunks > ATTN_MERGE_SPLIT)  // uniform
+        attn_merge_split(ph, out, h, n_chunks, head_dim, sh, merge_m, merge_l, mark);
+    else
+        attn_merge_serial(ph, out, h, n_chunks, head_dim, merge_m, merge_l, mark);
     if (threadIdx.x == 0) done[h] = 0;  // ready for the next use (a later launch, or the next layer)
     TT_MARK(mark + 12);
 }

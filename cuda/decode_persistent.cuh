@@ -34,6 +34,7 @@
 #include "grid_sync.cuh"
 
 #define PDEC_THREADS GSTREAM_THREADS
+static_assert(PDEC_THREADS <= ATTN_SPLIT_THREADS, "attention's merge keeps a value per thread in AttnShared::red");
 #define PDEC_OPS 4  // weight streams of a layer, in the order the phases read them
 #define PDEC_QKV 0
 #define PDEC_O 1
