@@ -19,6 +19,7 @@
 //   708 (docs/cuda-speed-notes.md #65, #66), so the host takes it only for requests that stay within ATTN_CLUSTER
 //   chunks (unless TOOLTRIE_CLUSTER_ATTENTION=0); it is correct at any context (past ATTN_CLUSTER chunks it takes
 //   the counter and global records).
+// attention_decode_hd128 and attention_decode_cluster_hd128 are the same bodies compiled for head_dim 128.
 // The new token's k and v (row pos) are computed by every block whose chunk holds pos, together with its q by
 // head_norm_rope_pair (each value bit-identical to the prefill kernel's head_norm_rope_values), and used from shared
 // memory; the first q head of each kv group writes them to the caches. The position comes from device memory
@@ -158,6 +159,9 @@ struct AttnRecords {
 
 // Chunk c of head h (attn_prepare_head done for h): its scores, softmax max m and sum l, and V sums, written as the
 // record (m, l, acc[head_dim]) of (h, c) at to.at(h, c). Ends with a barrier (sh is free for the next chunk).
+// FIXED_BLOCK: the block is known to have ATTN_SPLIT_THREADS threads, so with a compile-time head_dim the V loops
+// compile for their exact trip counts.
+template <bool FIXED_BLOCK = false>
 __device__ __forceinline__ void attn_chunk_record(const float* __restrict__ k_cache, const float* __restrict__ v_cache,
                                                   const AttnRecords& to, int h, int c, int pos, const AttnDims& d,
                                                   AttnShared& sh, int mark) {
@@ -166,7 +170,7 @@ __device__ __forceinline__ void attn_chunk_record(const float* __restrict__ k_ca
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
     const float4* q4 = reinterpret_cast<const float4*>(sh.q);
     const float4* knew4 = reinterpret_cast<const float4*>(sh.knew);
-    const int groups = blockDim.x / head_dim;  // head_dim divides 256 for 16, 32, 64, 128, 256
+    const int groups = FIXED_BLOCK ? ATTN_SPLIT_THREADS / head_dim : blockDim.x / head_dim;  // head_dim divides 256
     const int g = threadIdx.x / head_dim, dcol = threadIdx.x % head_dim;
     const int col_rows = ATTN_V_COL * groups;  // chunk rows whose V one round of loads covers
     const int j0 = c * ATTN_CHUNK, rows = min(ATTN_CHUNK, length - j0);
@@ -417,7 +421,10 @@ __device__ __forceinline__ void attn_merge_local(const float* records, int strid
 // grid (n_heads, any number of blocks; CLUSTER: a multiple of ATTN_CLUSTER); block ATTN_SPLIT_THREADS. partial
 // holds n_heads * max_chunks records of head_dim + 2 floats; done holds n_heads zeroed counters (left zeroed). qkv
 // is the new token's raw q|k|v.
-template <bool CLUSTER>
+// HD > 0: head_dim is that compile-time constant (the argument must equal it, else it traps), so with the block of
+// ATTN_SPLIT_THREADS threads that every attention_decode kernel assumes the chunk loops compile for their exact trip
+// counts: the same arithmetic in the same order, fewer instructions.
+template <bool CLUSTER, int HD = 0>
 __device__ __forceinline__ void attention_decode_body(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
                                                       const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache,
                                                       float* __restrict__ v_cache, float* __restrict__ partial,
@@ -427,6 +434,10 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
                                                       float eps, int max_chunks) {
     const int mark = (blockIdx.x * gridDim.y + blockIdx.y) * ATTN_TRACE_PROBES;  // this block's TT_MARK slots
     TT_MARK(mark);
+    if constexpr (HD > 0) {
+        if (head_dim != HD) __trap();
+        head_dim = HD;
+    }
     const int h = blockIdx.x;
     const bool active = threadIdx.x < head_dim;
     // Norm weights are never written by a kernel: read them before waiting for the qkv GEMV.
@@ -462,8 +473,8 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
                                      rope, h, pos, scores_pos, first_row, min(ATTN_CHUNK, length - first_row), d, sh,
                                      mark);
             for (int c = blockIdx.y; c < n_chunks; c += gridDim.y)  // uniform across the block
-                attn_chunk_record(k_cache, v_cache, AttnRecords{partial, records, in_cluster}, h, c, pos, d, sh,
-                                  mark);
+                attn_chunk_record<(HD > 0)>(k_cache, v_cache, AttnRecords{partial, records, in_cluster}, h, c, pos, d,
+                                            sh, mark);
         }
         if (!in_cluster) {
             attn_count_and_merge(partial, out, done, h, n_chunks, working, d, sh, merge_ml[0], merge_ml[1], mark);
@@ -485,7 +496,7 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
     attn_prepare_head<false>(qkv, q_norm != nullptr, k_norm != nullptr, q_norm_d, k_norm_d, k_cache, v_cache, rope, h,
                              pos, scores_pos, first_row, min(ATTN_CHUNK, length - first_row), d, sh, mark);
     for (int c = blockIdx.y; c < n_chunks; c += gridDim.y)  // uniform across the block
-        attn_chunk_record(k_cache, v_cache, AttnRecords{partial, nullptr, false}, h, c, pos, d, sh, mark);
+        attn_chunk_record<(HD > 0)>(k_cache, v_cache, AttnRecords{partial, nullptr, false}, h, c, pos, d, sh, mark);
     attn_count_and_merge(partial, out, done, h, n_chunks, working, d, sh, merge_ml[0], merge_ml[1], mark);
 }
 
@@ -507,6 +518,27 @@ attention_decode_cluster(const float* __restrict__ qkv, const bf16_t* __restrict
                          const float* __restrict__ rope, float eps, int max_chunks) {
     attention_decode_body<true>(qkv, q_norm, k_norm, k_cache, v_cache, partial, out, done, pos_ptr, pos_host, n_heads,
                                 n_kv_heads, head_dim, scale, rope, eps, max_chunks);
+}
+
+// attention_decode and attention_decode_cluster compiled for head_dim 128 (the same bits, fewer instructions).
+extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3)
+attention_decode_hd128(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
+                       const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache, float* __restrict__ v_cache,
+                       float* __restrict__ partial, float* __restrict__ out, int* __restrict__ done, const int* pos_ptr,
+                       int pos_host, int n_heads, int n_kv_heads, int head_dim, float scale,
+                       const float* __restrict__ rope, float eps, int max_chunks) {
+    attention_decode_body<false, 128>(qkv, q_norm, k_norm, k_cache, v_cache, partial, out, done, pos_ptr, pos_host,
+                                      n_heads, n_kv_heads, head_dim, scale, rope, eps, max_chunks);
+}
+
+extern "C" __global__ void __cluster_dims__(1, ATTN_CLUSTER, 1) __launch_bounds__(ATTN_SPLIT_THREADS, 3)
+attention_decode_cluster_hd128(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
+                               const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache,
+                               float* __restrict__ v_cache, float* __restrict__ partial, float* __restrict__ out,
+                               int* __restrict__ done, const int* pos_ptr, int pos_host, int n_heads, int n_kv_heads,
+                               int head_dim, float scale, const float* __restrict__ rope, float eps, int max_chunks) {
+    attention_decode_body<true, 128>(qkv, q_norm, k_norm, k_cache, v_cache, partial, out, done, pos_ptr, pos_host,
+                                     n_heads, n_kv_heads, head_dim, scale, rope, eps, max_chunks);
 }
 
 // A forced chain's tokens (*count of them, 2 or more, at positions *pos_ptr .. *pos_ptr + *count - 1; their raw

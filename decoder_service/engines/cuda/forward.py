@@ -65,6 +65,7 @@ ATTN_SPLIT_BLOCKS = 24  # blocks per head of the decode attention; each takes ev
 # holds at most 8 chunks (cuda/attention_decode.cuh)
 ATTN_CLUSTER = 8
 CLUSTER_ATTENTION_POSITIONS = ATTN_CLUSTER * ATTN_CHUNK
+ATTN_COMPILED_HEAD_DIM = 128  # attention_decode_hd128 and attention_decode_cluster_hd128
 ATTN_STATIC_SHARED = 33_920  # attention's static shared memory (ptxas -v)
 MAX_SHARED_PER_BLOCK = 227 * 1024
 ARGMAX_THREADS = 1024
@@ -96,6 +97,13 @@ def attention_blocks_per_head(max_chunks: int, cluster: bool = False) -> int:
     up to whole clusters (blocks past the last chunk leave at once)."""
     blocks = min(max_chunks, ATTN_SPLIT_BLOCKS)
     return -(-blocks // ATTN_CLUSTER) * ATTN_CLUSTER if cluster else blocks
+
+
+def decode_attention_kernel(head_dim: int, cluster: bool = False, chain: bool = False) -> str:
+    """The decode attention kernel a launch takes: attention_decode[_chain][_cluster]; a single token's compiled for
+    head_dim ATTN_COMPILED_HEAD_DIM where the model has it (``_hd128``: the same bits, fewer instructions)."""
+    name = "attention_decode" + ("_chain" if chain else "") + ("_cluster" if cluster else "")
+    return f"{name}_hd{head_dim}" if not chain and head_dim == ATTN_COMPILED_HEAD_DIM else name
 
 
 def gemv_warps_per_row(n_out: int, k_in: int) -> int:
@@ -305,7 +313,7 @@ class CudaModel:
             "attention_decode_cluster",
             "attention_decode_chain",
             "attention_decode_chain_cluster",
-        ):
+        ):  # not the _hd128 forms yet: they were measured without it (docs/cuda-speed-notes.md #79)
             module.kernel(name).prefer_max_shared()
         self.sms = sms
         for tokens in GEMM_MMA_TOKENS:
@@ -551,7 +559,7 @@ class CudaModel:
         attention_decode_cluster, whose grid is whole clusters of ATTN_CLUSTER blocks). With ``count_ptr``, the chain
         form (attention_decode_chain*): *count_ptr tokens from the position at ``pos_ptr``, a grid slice each."""
         c, lw = self.config, self.weights.layers[layer]
-        name = "attention_decode" + ("_chain" if count_ptr else "") + ("_cluster" if cluster else "")
+        name = decode_attention_kernel(c.head_dim, cluster, chain=bool(count_ptr))
         return Launch(
             self.module.kernel(name),
             (c.num_heads, attention_blocks_per_head(self.max_chunks, cluster), CHAIN_TOKENS if count_ptr else 1),

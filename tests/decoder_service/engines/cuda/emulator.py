@@ -511,6 +511,14 @@ class FakeDriver:
         assert abs(a.scale - a.head_dim**-0.5) < 1e-6
         self._decode_attention(a, self._pos(a), a.k_cache, a.v_cache, a.q_norm, a.k_norm, a.out)
 
+    def k_attention_decode_hd128(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        assert a.head_dim == 128
+        self.k_attention_decode(a, grid, block, shared)
+
+    def k_attention_decode_cluster_hd128(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        assert a.head_dim == 128
+        self.k_attention_decode_cluster(a, grid, block, shared)
+
     def k_attention_chain_rows(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         hd, h, kv = a.head_dim, a.n_heads, a.n_kv_heads
         assert grid[0] == 4 and grid[1] == kv and block[0] == max(32, hd)

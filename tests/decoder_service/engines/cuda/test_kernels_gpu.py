@@ -616,6 +616,8 @@ def test_decode_attention(
         ("attention_decode_cluster", 16),
         ("attention_decode_cluster", 8),
     ]
+    if hd == 128:  # compiled for head_dim 128
+        runs += [("attention_decode_hd128", 16), ("attention_decode_hd128", 3), ("attention_decode_cluster_hd128", 8)]
     for kernel, blocks in runs:
         kb, vb, out = dev.put(k_cache), dev.put(v_cache), dev.poisoned(heads * hd)
         dev.launch(
