@@ -299,7 +299,9 @@ __device__ __forceinline__ void attn_merge_serial(const float* ph, float* __rest
 // The merge past ATTN_MERGE_SPLIT chunks, where its serial chain is what long contexts wait for
 // (docs/cuda-speed-notes.md #75): the chunks' max by a block reduction (exact in any order), and the block's
 // blockDim / head_dim parts each merging a contiguous run of the chunks as attn_merge_serial does; the parts' sums
-// are added in part order. The arithmetic depends on n_chunks and head_dim alone, never on the grid.
+// are added in part order. The arithmetic depends on n_chunks and head_dim alone, never on the grid. Its run loop
+// repeats attn_merge_serial's rather than sharing it: a shared form changed the short contexts' machine code, and
+// one such form measured slower at 708 positions (#76).
 __device__ __forceinline__ void attn_merge_split(const float* ph, float* __restrict__ out, int h, int n_chunks,
                                                  int head_dim, AttnShared& sh, float* merge_m, float* merge_l,
                                                  int mark) {
