@@ -170,7 +170,9 @@ __device__ __forceinline__ void attn_chunk_record(const float* __restrict__ k_ca
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
     const float4* q4 = reinterpret_cast<const float4*>(sh.q);
     const float4* knew4 = reinterpret_cast<const float4*>(sh.knew);
-    const int groups = FIXED_BLOCK ? ATTN_SPLIT_THREADS / head_dim : blockDim.x / head_dim;  // head_dim divides 256
+    // Where head_dim does not divide the block (96), the threads past groups * head_dim sum rows a lower group also
+    // sums, and their sums are never read.
+    const int groups = FIXED_BLOCK ? ATTN_SPLIT_THREADS / head_dim : blockDim.x / head_dim;
     const int g = threadIdx.x / head_dim, dcol = threadIdx.x % head_dim;
     const int col_rows = ATTN_V_COL * groups;  // chunk rows whose V one round of loads covers
     const int j0 = c * ATTN_CHUNK, rows = min(ATTN_CHUNK, length - j0);
@@ -309,7 +311,7 @@ __device__ __forceinline__ void attn_merge_split(const float* ph, float* __restr
     const int part = threadIdx.x / head_dim, e = threadIdx.x % head_dim;
     const int per_part = (n_chunks + parts - 1) / parts;
     const int c_begin = min(n_chunks, part * per_part), c_end = min(n_chunks, c_begin + per_part);
-    const bool merging = part < parts;
+    const bool merging = part < parts;  // false only past parts * head_dim threads (head_dim 96)
     float vals[ATTN_MERGE_BATCH];
 #pragma unroll
     for (int j = 0; j < ATTN_MERGE_BATCH; ++j)
