@@ -422,9 +422,10 @@ __device__ __forceinline__ void attn_merge_local(const float* records, int strid
     out[h * head_dim + threadIdx.x] = a / lsum;
 }
 
-// grid (n_heads, any number of blocks; CLUSTER: a multiple of ATTN_CLUSTER); block ATTN_SPLIT_THREADS. partial
-// holds n_heads * max_chunks records of head_dim + 2 floats; done holds n_heads zeroed counters (left zeroed). qkv
-// is the new token's raw q|k|v.
+// grid (n_heads, any number of blocks; CLUSTER: a multiple of ATTN_CLUSTER); block ATTN_SPLIT_THREADS. The first
+// `blocks` of a head's blocks take its chunks (block b every blocks-th from chunk b), the others leave at once
+// (CLUSTER: blocks is the grid's). partial holds n_heads * max_chunks records of head_dim + 2 floats; done holds
+// n_heads zeroed counters (left zeroed). qkv is the new token's raw q|k|v.
 // HD > 0: head_dim is that compile-time constant (the argument must equal it, else it traps), so with the block of
 // ATTN_SPLIT_THREADS threads that every attention_decode kernel assumes the chunk loops compile for their exact trip
 // counts: the same arithmetic in the same order, fewer instructions.
@@ -435,7 +436,7 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
                                                       float* __restrict__ out, int* __restrict__ done,
                                                       const int* pos_ptr, int pos_host, int n_heads, int n_kv_heads,
                                                       int head_dim, float scale, const float* __restrict__ rope,
-                                                      float eps, int max_chunks) {
+                                                      float eps, int max_chunks, int blocks) {
     const int mark = (blockIdx.x * gridDim.y + blockIdx.y) * ATTN_TRACE_PROBES;  // this block's TT_MARK slots
     TT_MARK(mark);
     if constexpr (HD > 0) {
@@ -455,12 +456,12 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
     const int pos = host_or_device(pos_ptr, pos_host), length = pos + 1;
     const int n_chunks = (length + ATTN_CHUNK - 1) / ATTN_CHUNK;
     const int last_chunk = pos / ATTN_CHUNK;
-    const bool scores_pos = last_chunk % gridDim.y == blockIdx.y;  // uniform: this block scores row pos
+    const bool scores_pos = (unsigned)last_chunk % (unsigned)blocks == blockIdx.y;  // uniform: this block scores row pos
     // Three blocks fit an SM (the launch bounds hold registers to 80), so a head's 24 blocks (the host's grid) stay
     // one wave up to 768 positions.
     // Blocks without a chunk (short contexts) leave at once, freeing their SM for the next kernel's blocks, which
     // start loading their weights (programmatic launch); the merge counts only the blocks that have chunks.
-    const int working = min((int)gridDim.y, n_chunks);
+    const int working = min(blocks, n_chunks);
     if constexpr (CLUSTER) {
         // At most ATTN_CLUSTER chunks: every chunk sits in the head's first cluster (chunk c in its block c) and is
         // merged there. Each of its blocks writes its record into the first block's table (that block's merge_ml)
@@ -476,7 +477,7 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
             attn_prepare_head<false>(qkv, q_norm != nullptr, k_norm != nullptr, q_norm_d, k_norm_d, k_cache, v_cache,
                                      rope, h, pos, scores_pos, first_row, min(ATTN_CHUNK, length - first_row), d, sh,
                                      mark);
-            for (int c = blockIdx.y; c < n_chunks; c += gridDim.y)  // uniform across the block
+            for (int c = blockIdx.y; c < n_chunks; c += blocks)  // uniform across the block
                 attn_chunk_record<(HD > 0)>(k_cache, v_cache, AttnRecords{partial, records, in_cluster}, h, c, pos, d,
                                             sh, mark);
         }
@@ -499,50 +500,37 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
     const int first_row = (int)blockIdx.y * ATTN_CHUNK;
     attn_prepare_head<false>(qkv, q_norm != nullptr, k_norm != nullptr, q_norm_d, k_norm_d, k_cache, v_cache, rope, h,
                              pos, scores_pos, first_row, min(ATTN_CHUNK, length - first_row), d, sh, mark);
-    for (int c = blockIdx.y; c < n_chunks; c += gridDim.y)  // uniform across the block
+    for (int c = blockIdx.y; c < n_chunks; c += blocks)  // uniform across the block
         attn_chunk_record<(HD > 0)>(k_cache, v_cache, AttnRecords{partial, nullptr, false}, h, c, pos, d, sh, mark);
     attn_count_and_merge(partial, out, done, h, n_chunks, working, d, sh, merge_ml[0], merge_ml[1], mark);
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3)
-attention_decode(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm, const bf16_t* __restrict__ k_norm,
-                 float* __restrict__ k_cache, float* __restrict__ v_cache, float* __restrict__ partial,
-                 float* __restrict__ out, int* __restrict__ done, const int* pos_ptr, int pos_host, int n_heads,
-                 int n_kv_heads, int head_dim, float scale, const float* __restrict__ rope, float eps,
-                 int max_chunks) {
-    attention_decode_body<false>(qkv, q_norm, k_norm, k_cache, v_cache, partial, out, done, pos_ptr, pos_host, n_heads,
-                                 n_kv_heads, head_dim, scale, rope, eps, max_chunks);
+#define ATTN_DECODE_PARAMS                                                                                             \
+    const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm, const bf16_t* __restrict__ k_norm,               \
+        float* __restrict__ k_cache, float* __restrict__ v_cache, float* __restrict__ partial,                         \
+        float* __restrict__ out, int* __restrict__ done, const int* pos_ptr, int pos_host, int n_heads,                \
+        int n_kv_heads, int head_dim, float scale, const float* __restrict__ rope, float eps, int max_chunks
+#define ATTN_DECODE_ARGS                                                                                               \
+    qkv, q_norm, k_norm, k_cache, v_cache, partial, out, done, pos_ptr, pos_host, n_heads, n_kv_heads, head_dim,       \
+        scale, rope, eps, max_chunks, gridDim.y
+
+extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3) attention_decode(ATTN_DECODE_PARAMS) {
+    attention_decode_body<false>(ATTN_DECODE_ARGS);
 }
 
 extern "C" __global__ void __cluster_dims__(1, ATTN_CLUSTER, 1) __launch_bounds__(ATTN_SPLIT_THREADS, 3)
-attention_decode_cluster(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
-                         const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache, float* __restrict__ v_cache,
-                         float* __restrict__ partial, float* __restrict__ out, int* __restrict__ done,
-                         const int* pos_ptr, int pos_host, int n_heads, int n_kv_heads, int head_dim, float scale,
-                         const float* __restrict__ rope, float eps, int max_chunks) {
-    attention_decode_body<true>(qkv, q_norm, k_norm, k_cache, v_cache, partial, out, done, pos_ptr, pos_host, n_heads,
-                                n_kv_heads, head_dim, scale, rope, eps, max_chunks);
+    attention_decode_cluster(ATTN_DECODE_PARAMS) {
+    attention_decode_body<true>(ATTN_DECODE_ARGS);
 }
 
 // attention_decode and attention_decode_cluster compiled for head_dim 128 (the same bits, fewer instructions).
-extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3)
-attention_decode_hd128(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
-                       const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache, float* __restrict__ v_cache,
-                       float* __restrict__ partial, float* __restrict__ out, int* __restrict__ done, const int* pos_ptr,
-                       int pos_host, int n_heads, int n_kv_heads, int head_dim, float scale,
-                       const float* __restrict__ rope, float eps, int max_chunks) {
-    attention_decode_body<false, 128>(qkv, q_norm, k_norm, k_cache, v_cache, partial, out, done, pos_ptr, pos_host,
-                                      n_heads, n_kv_heads, head_dim, scale, rope, eps, max_chunks);
+extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3) attention_decode_hd128(ATTN_DECODE_PARAMS) {
+    attention_decode_body<false, 128>(ATTN_DECODE_ARGS);
 }
 
 extern "C" __global__ void __cluster_dims__(1, ATTN_CLUSTER, 1) __launch_bounds__(ATTN_SPLIT_THREADS, 3)
-attention_decode_cluster_hd128(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
-                               const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache,
-                               float* __restrict__ v_cache, float* __restrict__ partial, float* __restrict__ out,
-                               int* __restrict__ done, const int* pos_ptr, int pos_host, int n_heads, int n_kv_heads,
-                               int head_dim, float scale, const float* __restrict__ rope, float eps, int max_chunks) {
-    attention_decode_body<true, 128>(qkv, q_norm, k_norm, k_cache, v_cache, partial, out, done, pos_ptr, pos_host,
-                                     n_heads, n_kv_heads, head_dim, scale, rope, eps, max_chunks);
+    attention_decode_cluster_hd128(ATTN_DECODE_PARAMS) {
+    attention_decode_body<true, 128>(ATTN_DECODE_ARGS);
 }
 
 // A forced chain's tokens (*count of them, 2 or more, at positions *pos_ptr .. *pos_ptr + *count - 1; their raw
@@ -565,40 +553,51 @@ extern "C" __global__ void attention_chain_rows(const float* __restrict__ qkv, c
                     head, scratch);
 }
 
-// grid (n_heads, attention_decode's blocks per head, chain tokens).
-template <bool CLUSTER>
+// grid (n_heads, blocks per head, chain tokens). The global-merge form shares a head's blocks out among the chain's
+// tokens (gridDim.y / *count each, at least one), so a chain's launch keeps the grid's size whatever its length;
+// the cluster form keeps its whole clusters per token.
+template <bool CLUSTER, int HD = 0>
 __device__ __forceinline__ void attention_decode_chain_body(
     const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm, const bf16_t* __restrict__ k_norm,
     float* __restrict__ k_cache, float* __restrict__ v_cache, float* __restrict__ partial, float* __restrict__ out,
     int* __restrict__ done, const int* pos_ptr, const int* count, int n_heads, int n_kv_heads, int head_dim,
     float scale, const float* __restrict__ rope, float eps, int max_chunks) {
     pdl_enter();
-    const int t = blockIdx.z;
-    if (t >= *count) return;  // uniform per cluster: a cluster spans blockIdx.y only
+    const int t = blockIdx.z, tokens = *count;
+    if (t >= tokens) return;  // uniform per cluster: a cluster spans blockIdx.y only
+    const int blocks = CLUSTER ? (int)gridDim.y : max(1, (int)gridDim.y / tokens);
     const size_t qkv_width = (size_t)(n_heads + 2 * n_kv_heads) * head_dim;
-    attention_decode_body<CLUSTER>(qkv + t * qkv_width, q_norm, k_norm, k_cache, v_cache,
-                                   partial + (size_t)t * n_heads * max_chunks * (head_dim + 2),
-                                   out + (size_t)t * n_heads * head_dim, done + t * n_heads, nullptr, *pos_ptr + t,
-                                   n_heads, n_kv_heads, head_dim, scale, rope, eps, max_chunks);
+    attention_decode_body<CLUSTER, HD>(qkv + t * qkv_width, q_norm, k_norm, k_cache, v_cache,
+                                       partial + (size_t)t * n_heads * max_chunks * (head_dim + 2),
+                                       out + (size_t)t * n_heads * head_dim, done + t * n_heads, nullptr,
+                                       *pos_ptr + t, n_heads, n_kv_heads, head_dim, scale, rope, eps, max_chunks,
+                                       blocks);
 }
 
-extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3)
-attention_decode_chain(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
-                       const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache, float* __restrict__ v_cache,
-                       float* __restrict__ partial, float* __restrict__ out, int* __restrict__ done,
-                       const int* pos_ptr, const int* count, int n_heads, int n_kv_heads, int head_dim, float scale,
-                       const float* __restrict__ rope, float eps, int max_chunks) {
-    attention_decode_chain_body<false>(qkv, q_norm, k_norm, k_cache, v_cache, partial, out, done, pos_ptr, count,
-                                       n_heads, n_kv_heads, head_dim, scale, rope, eps, max_chunks);
+#define ATTN_CHAIN_PARAMS                                                                                              \
+    const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm, const bf16_t* __restrict__ k_norm,               \
+        float* __restrict__ k_cache, float* __restrict__ v_cache, float* __restrict__ partial,                         \
+        float* __restrict__ out, int* __restrict__ done, const int* pos_ptr, const int* count, int n_heads,            \
+        int n_kv_heads, int head_dim, float scale, const float* __restrict__ rope, float eps, int max_chunks
+#define ATTN_CHAIN_ARGS                                                                                                \
+    qkv, q_norm, k_norm, k_cache, v_cache, partial, out, done, pos_ptr, count, n_heads, n_kv_heads, head_dim,          \
+        scale, rope, eps, max_chunks
+
+extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3) attention_decode_chain(ATTN_CHAIN_PARAMS) {
+    attention_decode_chain_body<false>(ATTN_CHAIN_ARGS);
 }
 
 extern "C" __global__ void __cluster_dims__(1, ATTN_CLUSTER, 1) __launch_bounds__(ATTN_SPLIT_THREADS, 3)
-attention_decode_chain_cluster(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
-                               const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache,
-                               float* __restrict__ v_cache, float* __restrict__ partial, float* __restrict__ out,
-                               int* __restrict__ done, const int* pos_ptr, const int* count, int n_heads,
-                               int n_kv_heads, int head_dim, float scale, const float* __restrict__ rope, float eps,
-                               int max_chunks) {
-    attention_decode_chain_body<true>(qkv, q_norm, k_norm, k_cache, v_cache, partial, out, done, pos_ptr, count,
-                                      n_heads, n_kv_heads, head_dim, scale, rope, eps, max_chunks);
+    attention_decode_chain_cluster(ATTN_CHAIN_PARAMS) {
+    attention_decode_chain_body<true>(ATTN_CHAIN_ARGS);
+}
+
+// The chain forms compiled for head_dim 128 (the same bits, fewer instructions).
+extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3) attention_decode_chain_hd128(ATTN_CHAIN_PARAMS) {
+    attention_decode_chain_body<false, 128>(ATTN_CHAIN_ARGS);
+}
+
+extern "C" __global__ void __cluster_dims__(1, ATTN_CLUSTER, 1) __launch_bounds__(ATTN_SPLIT_THREADS, 3)
+    attention_decode_chain_cluster_hd128(ATTN_CHAIN_PARAMS) {
+    attention_decode_chain_body<true, 128>(ATTN_CHAIN_ARGS);
 }

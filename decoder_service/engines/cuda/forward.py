@@ -64,6 +64,10 @@ ATTN_SPLIT_BLOCKS = 24  # blocks per head of the decode attention; each takes ev
 # attention_decode_cluster: clusters of 8 blocks, which merge a head's chunks in shared memory while its context
 # holds at most 8 chunks (cuda/attention_decode.cuh)
 ATTN_CLUSTER = 8
+# A forced chain's decode attention (global merge) shares ATTN_CHAIN_BLOCKS blocks per head out among its tokens
+# (attention_decode_chain), so its launch stays about one wave whatever the chain's length.
+# TOOLTRIE_CHAIN_ATTENTION_BLOCKS overrides the count, to tune another GPU (the bits never depend on it).
+ATTN_CHAIN_BLOCKS = 24
 CLUSTER_ATTENTION_POSITIONS = ATTN_CLUSTER * ATTN_CHUNK
 ATTN_COMPILED_HEAD_DIM = 128  # attention_decode_hd128 and attention_decode_cluster_hd128
 ATTN_STATIC_SHARED = 33_920  # attention's static shared memory (ptxas -v)
@@ -100,10 +104,20 @@ def attention_blocks_per_head(max_chunks: int, cluster: bool = False) -> int:
 
 
 def decode_attention_kernel(head_dim: int, cluster: bool = False, chain: bool = False) -> str:
-    """The decode attention kernel a launch takes: attention_decode[_chain][_cluster]; a single token's compiled for
-    head_dim ATTN_COMPILED_HEAD_DIM where the model has it (``_hd128``: the same bits, fewer instructions)."""
+    """The decode attention kernel a launch takes: attention_decode[_chain][_cluster], compiled for head_dim
+    ATTN_COMPILED_HEAD_DIM where the model has it (``_hd128``: the same bits, fewer instructions)."""
     name = "attention_decode" + ("_chain" if chain else "") + ("_cluster" if cluster else "")
-    return f"{name}_hd{head_dim}" if not chain and head_dim == ATTN_COMPILED_HEAD_DIM else name
+    return f"{name}_hd{head_dim}" if head_dim == ATTN_COMPILED_HEAD_DIM else name
+
+
+def chain_attention_blocks(max_chunks: int, cluster: bool) -> int:
+    """Blocks per head of a forced chain's decode attention launch: the cluster form's are a single token's (whole
+    clusters for every token); the global-merge form's, ATTN_CHAIN_BLOCKS (or TOOLTRIE_CHAIN_ATTENTION_BLOCKS),
+    are shared out among the chain's tokens, never more than the chain's longest can use."""
+    if cluster:
+        return attention_blocks_per_head(max_chunks, cluster=True)
+    most = CHAIN_TOKENS * attention_blocks_per_head(max_chunks)
+    return min(env_int("TOOLTRIE_CHAIN_ATTENTION_BLOCKS", ATTN_CHAIN_BLOCKS, 1, CHAIN_TOKENS * ATTN_SPLIT_BLOCKS), most)
 
 
 def gemv_warps_per_row(n_out: int, k_in: int) -> int:
@@ -557,12 +571,15 @@ class CudaModel:
         """The new token's attention in one launch (cuda/attention_decode.cuh): q/k norm and rotary embedding,
         the cache write, fixed 32-position chunks split over up to 24 blocks per head, and the merge (``cluster``:
         attention_decode_cluster, whose grid is whole clusters of ATTN_CLUSTER blocks). With ``count_ptr``, the chain
-        form (attention_decode_chain*): *count_ptr tokens from the position at ``pos_ptr``, a grid slice each."""
+        form (attention_decode_chain*): *count_ptr tokens from the position at ``pos_ptr``, a grid slice each (the
+        global merge's: chain_attention_blocks per head, shared among the tokens)."""
         c, lw = self.config, self.weights.layers[layer]
         name = decode_attention_kernel(c.head_dim, cluster, chain=bool(count_ptr))
         return Launch(
             self.module.kernel(name),
-            (c.num_heads, attention_blocks_per_head(self.max_chunks, cluster), CHAIN_TOKENS if count_ptr else 1),
+            (c.num_heads, chain_attention_blocks(self.max_chunks, cluster), CHAIN_TOKENS)
+            if count_ptr
+            else (c.num_heads, attention_blocks_per_head(self.max_chunks, cluster), 1),
             (ATTN_THREADS, 1, 1),
             [
                 ("ptr", self.qkv.ptr),

@@ -25,11 +25,18 @@ _SIGNATURE = re.compile(
 )
 
 
+# A parameter list shared by several kernels: `#define NAME_PARAMS` and its continued lines.
+_PARAM_MACRO = re.compile(r"^#define (\w+_PARAMS)\s((?:.*\\\n)*.*)$", re.M)
+
+
 def kernel_signatures(cuda_dir: Path = CUDA_DIR) -> dict[str, list[tuple[str, str]]]:
     """{kernel: [(parameter name, 'ptr' | 'i32' | 'f32'), ...]} from the sources."""
+    sources = [path.read_text() for path in sorted(cuda_dir.glob("*.cuh"))]
+    macros = {name: body.replace("\\\n", " ") for text in sources for name, body in _PARAM_MACRO.findall(text)}
     sigs = {}
-    for path in sorted(cuda_dir.glob("*.cuh")):
-        for name, params in _SIGNATURE.findall(path.read_text()):
+    for text in sources:
+        for name, params in _SIGNATURE.findall(text):
+            params = macros.get(params.strip(), params)
             parsed = []
             for param in params.split(","):
                 words = param.replace("*", " * ").split()
@@ -546,6 +553,16 @@ class FakeDriver:
     def k_attention_decode_chain_cluster(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         assert grid[1] % ATTN_CLUSTER == 0, f"{grid[1]} blocks a head are not whole clusters of {ATTN_CLUSTER}"
         self.k_attention_decode_chain(a, grid, block, shared)
+
+    def k_attention_decode_chain_hd128(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        assert a.head_dim == 128
+        self.k_attention_decode_chain(a, grid, block, shared)
+
+    def k_attention_decode_chain_cluster_hd128(
+        self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int
+    ) -> None:
+        assert a.head_dim == 128
+        self.k_attention_decode_chain_cluster(a, grid, block, shared)
 
     def k_rmsnorm_last(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         assert grid == (1, 1, 1)

@@ -692,6 +692,101 @@ def test_decode_attention(
     assert np.array_equal(dev.get(kp, F32, (ctx, kv, hd))[pos0], caches[0][0][pos0])
 
 
+def _decode_attention_args(
+    buffers: dict[str, int], pos: tuple[str, int], heads: int, kv: int, hd: int, table: int, chunks: int
+) -> list[tuple[str, object]]:
+    """attention_decode*'s arguments (pos: ("i32", a host position) or, for the chain forms, ("ptr", the count))."""
+    names = ("qkv", "q_norm", "k_norm", "k", "v", "partial", "out", "done", "pos")
+    return [
+        *[("ptr", buffers[n]) for n in names],
+        pos,
+        ("i32", heads),
+        ("i32", kv),
+        ("i32", hd),
+        ("f32", hd**-0.5),
+        ("ptr", table),
+        ("f32", 1e-6),
+        ("i32", chunks),
+    ]
+
+
+@pytest.mark.parametrize(("hd", "pos0", "count"), [(128, 700, 4), (128, 100, 3), (64, 1500, 2), (16, 60, 4)])
+def test_decode_attention_chain_gives_each_token_a_single_steps_bits(
+    dev: Device, rng: np.random.Generator, hd: int, pos0: int, count: int
+) -> None:
+    """A forced chain's attention (attention_chain_rows, then attention_decode_chain*) gives token t the bits of
+    attention_decode at position pos0 + t after the tokens before it, whatever the blocks a head the chain shares
+    out among its tokens, and the same cache rows; the merge counters are left at zero."""
+    heads, kv, ctx, tokens = 8, 2, 2048, 4  # a chain launch's grid always spans CHAIN_TOKENS tokens
+    chunks, width = ctx // ATTN_CHUNK, (heads + 2 * kv) * hd
+    qkv = rng.standard_normal((count, width)).astype(F32)
+    qn, kn = dev.put(bf16_random(rng, hd, 0.2, 1.0)[0]), dev.put(bf16_random(rng, hd, 0.2, 1.0)[0])
+    k_cache = rng.standard_normal((ctx, kv, hd)).astype(F32)
+    v_cache = rng.standard_normal((ctx, kv, hd)).astype(F32)
+    table = rope_table(dev, ctx, hd, 1e6).ptr
+    done = dev.put(np.zeros(tokens * heads, dtype=np.int32))
+    part = dev.poisoned(tokens * heads * chunks * (hd + 2))
+
+    # The reference: a decode step per token, in order, on one cache.
+    kb, vb = dev.put(k_cache), dev.put(v_cache)
+    want = []
+    for t in range(count):
+        out = dev.poisoned(heads * hd)
+        bufs = {"qkv": dev.put(qkv[t]).ptr, "q_norm": qn.ptr, "k_norm": kn.ptr, "k": kb.ptr, "v": vb.ptr}
+        bufs |= {"partial": part.ptr, "out": out.ptr, "done": done.ptr, "pos": 0}
+        dev.launch(
+            "attention_decode",
+            (heads, 16, 1),
+            (256, 1, 1),
+            _decode_attention_args(bufs, ("i32", pos0 + t), heads, kv, hd, table, chunks),
+        )
+        want.append(dev.get(out, F32, heads * hd))
+    want_k, want_v = dev.get(kb, F32, (ctx, kv, hd)), dev.get(vb, F32, (ctx, kv, hd))
+
+    runs = [("attention_decode_chain", 24), ("attention_decode_chain", 96), ("attention_decode_chain", 5)]
+    if pos0 + count <= 8 * ATTN_CHUNK:  # the cluster merge holds up to 8 chunks
+        runs.append(("attention_decode_chain_cluster", 8))
+    if hd == 128:
+        runs += [(f"{kernel}_hd128", blocks) for kernel, blocks in runs]
+    pos_ptr = dev.put(np.array([pos0], dtype=np.int32)).ptr
+    count_ptr = dev.put(np.array([count], dtype=np.int32)).ptr
+    qkv_b = dev.put(qkv).ptr
+    for kernel, blocks in runs:
+        kb, vb, out = dev.put(k_cache), dev.put(v_cache), dev.poisoned(tokens * heads * hd)
+        dev.launch(
+            "attention_chain_rows",
+            (tokens, kv, 1),
+            (max(32, hd), 1, 1),
+            [
+                ("ptr", qkv_b),
+                ("ptr", kn.ptr),
+                ("ptr", kb.ptr),
+                ("ptr", vb.ptr),
+                ("ptr", pos_ptr),
+                ("ptr", count_ptr),
+                ("i32", heads),
+                ("i32", kv),
+                ("i32", hd),
+                ("ptr", table),
+                ("f32", 1e-6),
+            ],
+        )
+        bufs = {"qkv": qkv_b, "q_norm": qn.ptr, "k_norm": kn.ptr, "k": kb.ptr, "v": vb.ptr}
+        bufs |= {"partial": part.ptr, "out": out.ptr, "done": done.ptr, "pos": pos_ptr}
+        dev.launch(
+            kernel,
+            (heads, blocks, tokens),
+            (256, 1, 1),
+            _decode_attention_args(bufs, ("ptr", count_ptr), heads, kv, hd, table, chunks),
+        )
+        got = dev.get(out, F32, (tokens, heads * hd))
+        for t in range(count):
+            assert np.array_equal(got[t], want[t]), f"{kernel} on {blocks} blocks a head: token {t} differs"
+        assert np.array_equal(dev.get(kb, F32, (ctx, kv, hd)), want_k), f"{kernel}: K cache differs"
+        assert np.array_equal(dev.get(vb, F32, (ctx, kv, hd)), want_v), f"{kernel}: V cache differs"
+        assert not dev.get(done, np.int32, tokens * heads).any(), "the merge counters must be left at zero"
+
+
 def test_swiglu_and_residual_add(dev: Device, rng: np.random.Generator) -> None:
     t, inter = 3, 1536
     gu = (3.0 * rng.standard_normal((t, 2 * inter))).astype(F32)

@@ -62,6 +62,30 @@ def test_cluster_attention_grid_is_whole_clusters(max_chunks: int, plain: int, c
     assert forward.attention_blocks_per_head(max_chunks, cluster=True) == cluster
 
 
+@pytest.mark.parametrize(
+    ("max_chunks", "setting", "plain"), [(64, None, 24), (3, None, 12), (64, "96", 96), (64, "8", 8), (3, "96", 12)]
+)
+def test_chain_attention_grid(
+    monkeypatch: pytest.MonkeyPatch, max_chunks: int, setting: str | None, plain: int
+) -> None:
+    """A chain's global-merge attention shares ATTN_CHAIN_BLOCKS (or the setting) out among its tokens, never more
+    than CHAIN_TOKENS single-token grids; the cluster form keeps a single token's whole clusters."""
+    if setting is None:
+        monkeypatch.delenv("TOOLTRIE_CHAIN_ATTENTION_BLOCKS", raising=False)
+    else:
+        monkeypatch.setenv("TOOLTRIE_CHAIN_ATTENTION_BLOCKS", setting)
+    assert forward.chain_attention_blocks(max_chunks, cluster=False) == plain
+    assert forward.chain_attention_blocks(max_chunks, cluster=True) == forward.attention_blocks_per_head(
+        max_chunks, cluster=True
+    )
+
+
+def test_chain_attention_setting_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOLTRIE_CHAIN_ATTENTION_BLOCKS", "0")
+    with pytest.raises(ValueError, match="TOOLTRIE_CHAIN_ATTENTION_BLOCKS=0 is out of range: 1 to 96"):
+        forward.chain_attention_blocks(64, cluster=False)
+
+
 def test_control_init_words() -> None:
     words = step.ControlInit(position=41, k=3, max_steps=30, trie_ptr=0x1234_5678_9ABC, allowed_ptr=8, n_allowed=2)
     w = words.words()
