@@ -177,6 +177,9 @@ def chain_study(stream: Stream, model: CudaModel, positions: list[int]) -> dict[
     ctl = DeviceBuffer(CTL_WORDS * 4)
     out: dict[str, object] = {}
     for position in positions:
+        if position + CHAIN_TOKENS > model.max_context:  # the caches end there: no chain fits
+            print(f"chain study at {position}: skipped, past max_context {model.max_context}", flush=True)
+            continue
         cluster = position + CHAIN_TOKENS <= CLUSTER_ATTENTION_POSITIONS
         single, pos_args = model.step_launches(token_ptr=0, pos_ptr=0, cluster_attention=cluster)
         single[0].set(2, 1000)
