@@ -327,7 +327,7 @@ class CudaModel:
             "attention_decode_cluster",
             "attention_decode_chain",
             "attention_decode_chain_cluster",
-        ):  # not the _hd128 forms yet: they were measured without it (docs/cuda-speed-notes.md #79)
+        ):  # not the _hd128 forms: no faster with it (docs/cuda-speed-notes.md #82)
             module.kernel(name).prefer_max_shared()
         self.sms = sms
         for tokens in GEMM_MMA_TOKENS:
