@@ -65,7 +65,8 @@ ATTN_SPLIT_BLOCKS = 24  # blocks per head of the decode attention; each takes ev
 # holds at most 8 chunks (cuda/attention_decode.cuh)
 ATTN_CLUSTER = 8
 # A forced chain's decode attention (global merge) shares ATTN_CHAIN_BLOCKS blocks per head out among its tokens
-# (attention_decode_chain), so its launch stays about one wave whatever the chain's length.
+# (attention_decode_chain), so its working blocks fit one wave on an H200 whatever the chain's length (the grid's
+# other blocks leave at once).
 # TOOLTRIE_CHAIN_ATTENTION_BLOCKS overrides the count, to tune another GPU (the bits never depend on it).
 ATTN_CHAIN_BLOCKS = 24
 CLUSTER_ATTENTION_POSITIONS = ATTN_CLUSTER * ATTN_CHUNK
@@ -113,7 +114,7 @@ def decode_attention_kernel(head_dim: int, cluster: bool = False, chain: bool = 
 def chain_attention_blocks(max_chunks: int, cluster: bool) -> int:
     """Blocks per head of a forced chain's decode attention launch: the cluster form's are a single token's (whole
     clusters for every token); the global-merge form's, ATTN_CHAIN_BLOCKS (or TOOLTRIE_CHAIN_ATTENTION_BLOCKS),
-    are shared out among the chain's tokens, never more than the chain's longest can use."""
+    are shared out among the chain's tokens, never more than CHAIN_TOKENS single-token grids."""
     if cluster:
         return attention_blocks_per_head(max_chunks, cluster=True)
     most = CHAIN_TOKENS * attention_blocks_per_head(max_chunks)
