@@ -576,6 +576,24 @@ def test_attention(dev: Device, rng: np.random.Generator, hd: int, t: int, pos0:
     check(f"attention/hd={hd},t={t},pos0={pos0}", dev.get(out, F32, (t, heads * hd)), expected)
 
 
+def _decode_attention_args(
+    buffers: dict[str, int], pos: tuple[str, int], heads: int, kv: int, hd: int, table: int, eps: float, chunks: int
+) -> list[tuple[str, object]]:
+    """attention_decode*'s arguments (pos: ("i32", a host position) or, for the chain forms, ("ptr", the count))."""
+    names = ("qkv", "q_norm", "k_norm", "k", "v", "partial", "out", "done", "pos")
+    return [
+        *[("ptr", buffers[n]) for n in names],
+        pos,
+        ("i32", heads),
+        ("i32", kv),
+        ("i32", hd),
+        ("f32", hd**-0.5),
+        ("ptr", table),
+        ("f32", eps),
+        ("i32", chunks),
+    ]
+
+
 @pytest.mark.parametrize(
     ("hd", "pos0", "device_pos", "qk_norm"),
     [
@@ -620,30 +638,10 @@ def test_decode_attention(
         runs += [("attention_decode_hd128", 16), ("attention_decode_hd128", 3), ("attention_decode_cluster_hd128", 8)]
     for kernel, blocks in runs:
         kb, vb, out = dev.put(k_cache), dev.put(v_cache), dev.poisoned(heads * hd)
-        dev.launch(
-            kernel,
-            (heads, blocks, 1),
-            (256, 1, 1),
-            [
-                ("ptr", qb.ptr),
-                ("ptr", qn_ptr),
-                ("ptr", kn_ptr),
-                ("ptr", kb.ptr),
-                ("ptr", vb.ptr),
-                ("ptr", part.ptr),
-                ("ptr", out.ptr),
-                ("ptr", done.ptr),
-                ("ptr", pos_ptr),
-                ("i32", host_pos),
-                ("i32", heads),
-                ("i32", kv),
-                ("i32", hd),
-                ("f32", hd**-0.5),
-                ("ptr", table.ptr),
-                ("f32", eps),
-                ("i32", chunks),
-            ],
-        )
+        bufs = {"qkv": qb.ptr, "q_norm": qn_ptr, "k_norm": kn_ptr, "k": kb.ptr, "v": vb.ptr}
+        bufs |= {"partial": part.ptr, "out": out.ptr, "done": done.ptr, "pos": pos_ptr}
+        args = _decode_attention_args(bufs, ("i32", host_pos), heads, kv, hd, table.ptr, eps, chunks)
+        dev.launch(kernel, (heads, blocks, 1), (256, 1, 1), args)
         outs.append(dev.get(out, F32, heads * hd))
         caches.append((dev.get(kb, F32, (ctx, kv, hd)), dev.get(vb, F32, (ctx, kv, hd))))
         assert not dev.get(done, np.int32, heads).any(), "the merge counters must be left at zero"
@@ -692,24 +690,6 @@ def test_decode_attention(
     assert np.array_equal(dev.get(kp, F32, (ctx, kv, hd))[pos0], caches[0][0][pos0])
 
 
-def _decode_attention_args(
-    buffers: dict[str, int], pos: tuple[str, int], heads: int, kv: int, hd: int, table: int, chunks: int
-) -> list[tuple[str, object]]:
-    """attention_decode*'s arguments (pos: ("i32", a host position) or, for the chain forms, ("ptr", the count))."""
-    names = ("qkv", "q_norm", "k_norm", "k", "v", "partial", "out", "done", "pos")
-    return [
-        *[("ptr", buffers[n]) for n in names],
-        pos,
-        ("i32", heads),
-        ("i32", kv),
-        ("i32", hd),
-        ("f32", hd**-0.5),
-        ("ptr", table),
-        ("f32", 1e-6),
-        ("i32", chunks),
-    ]
-
-
 @pytest.mark.parametrize(("hd", "pos0", "count"), [(128, 700, 4), (128, 100, 3), (64, 1500, 2), (16, 60, 4)])
 def test_decode_attention_chain_gives_each_token_a_single_steps_bits(
     dev: Device, rng: np.random.Generator, hd: int, pos0: int, count: int
@@ -738,7 +718,7 @@ def test_decode_attention_chain_gives_each_token_a_single_steps_bits(
             "attention_decode",
             (heads, 16, 1),
             (256, 1, 1),
-            _decode_attention_args(bufs, ("i32", pos0 + t), heads, kv, hd, table, chunks),
+            _decode_attention_args(bufs, ("i32", pos0 + t), heads, kv, hd, table, 1e-6, chunks),
         )
         want.append(dev.get(out, F32, heads * hd))
     want_k, want_v = dev.get(kb, F32, (ctx, kv, hd)), dev.get(vb, F32, (ctx, kv, hd))
@@ -777,7 +757,7 @@ def test_decode_attention_chain_gives_each_token_a_single_steps_bits(
             kernel,
             (heads, blocks, tokens),
             (256, 1, 1),
-            _decode_attention_args(bufs, ("ptr", count_ptr), heads, kv, hd, table, chunks),
+            _decode_attention_args(bufs, ("ptr", count_ptr), heads, kv, hd, table, 1e-6, chunks),
         )
         got = dev.get(out, F32, (tokens, heads * hd))
         for t in range(count):
