@@ -18,7 +18,8 @@
 // weights: every token's input row is staged, and each chunk a lane reads from the ring goes into every token's sum,
 // in the order above, so each token's row is the single-token kernel's bits. A SwiGLU chain whose rows are one piece
 // each and whose ring holds pairs reduces a group's gate and up rows together, reading each staged input once for
-// both; a chain's lanes unroll 2 chunks, not 8, so that its MT sums per chunk fit 128 registers.
+// both; a chain's lanes unroll 2 chunks, not 8, so that its MT sums per chunk fit 128 registers. The chain forms also
+// come in blocks of 16 warps (gemv_stream_chain16_*, one an SM), which stage the tokens' rows once for all 16 warps.
 // Requires K % 8 == 0, as gemv_bf16. Dynamic shared memory: stages * GSTREAM_TILE_BYTES + K * 4 bytes (the chain
 // forms: + GSTREAM_CHAIN_TOKENS * K * 4).
 #pragma once
@@ -31,9 +32,10 @@
 #define GSTREAM_MAX_STAGES 6
 #define GSTREAM_THREADS (GEMV_WARPS * TT_WARP)
 #define GSTREAM_CHAIN_TOKENS 4  // the most tokens gemv_stream_chain takes (a forced chain's forward pass)
+#define GSTREAM_WIDE_WARPS 16  // warps of the chain forms' wide blocks (gemv_stream_chain16_*)
 static_assert(GSTREAM_CHAIN_TOKENS == 4, "gemv_stream_chain's switch covers 2, 3 and 4 tokens");
 
-// Which piece of which row a warp streams next: its rows are g * 8 + warp for the block's groups g, in order; a
+// Which piece of which row a warp streams next: its rows are g * WARPS + warp for the block's groups g, in order; a
 // SwiGLU group's gate row comes before its up row; a row's pieces go left to right.
 struct GstreamCursor {
     int g, p, kt;
@@ -49,7 +51,8 @@ struct GstreamCursor {
 };
 
 // One warp's weight stream: its ring of pieces in shared memory, their barriers and the cursor of the next piece
-// lane 0 requests.
+// lane 0 requests. WARPS: the block's warps (8, or 16 for the chain forms' wide blocks).
+template <int WARPS>
 struct GstreamWarp {
     const bf16_t* W;
     unsigned char* ring;
@@ -58,7 +61,7 @@ struct GstreamWarp {
     GstreamCursor next;
     int N, K, k_tiles, passes, stages, pieces, warp;
     __device__ __forceinline__ void issue(int slot) {  // lane 0: the next piece into the slot
-        const int row = next.p * (N / 2) + next.g * GEMV_WARPS + warp;
+        const int row = next.p * (N / 2) + next.g * WARPS + warp;
         const int col = next.kt * GSTREAM_TILE_K, width = min(GSTREAM_TILE_K, K - col);
         mbar_arrive_expect_tx(&full[slot], (uint32_t)(width * 2));
         bulk_copy_to_shared(ring + slot * (GSTREAM_TILE_K * 2), W + (size_t)row * K + col, width * 2, &full[slot],
@@ -69,9 +72,9 @@ struct GstreamWarp {
 
 // The warp's stream set up and its ring filled: only weights so far, which no kernel writes, so the ring fills
 // while the kernel before still runs. `full` is the warp's GSTREAM_MAX_STAGES barriers.
-template <bool SWIGLU>
-__device__ __forceinline__ GstreamWarp gemv_stream_start(const bf16_t* __restrict__ W, int N, int K, int stages,
-                                                         unsigned char* smem, uint64_t* full) {
+template <bool SWIGLU, int WARPS = GEMV_WARPS>
+__device__ __forceinline__ GstreamWarp<WARPS> gemv_stream_start(const bf16_t* __restrict__ W, int N, int K,
+                                                                int stages, unsigned char* smem, uint64_t* full) {
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
     const int out_rows = SWIGLU ? N / 2 : N;
     constexpr int passes = SWIGLU ? 2 : 1;  // a group's gate row, then its up row
@@ -79,21 +82,21 @@ __device__ __forceinline__ GstreamWarp gemv_stream_start(const bf16_t* __restric
     // This warp's groups: blockIdx.x, then every gridDim.x-th, up to the last that holds its row (the last group
     // may have fewer than 8 rows). At any moment the blocks read neighbouring groups, so the weight stream stays
     // spread over the whole memory rather than over as many distant regions as there are blocks.
-    const int warp_groups = (out_rows - warp + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int warp_groups = (out_rows - warp + WARPS - 1) / WARPS;
     const int my_groups = blockIdx.x < warp_groups ? (warp_groups - 1 - blockIdx.x) / gridDim.x + 1 : 0;
     const int k_tiles = (K + GSTREAM_TILE_K - 1) / GSTREAM_TILE_K;
-    GstreamWarp st{W,
-                   smem + (size_t)warp * stages * (GSTREAM_TILE_K * 2),
-                   full,
-                   l2_evict_first_policy(),  // weights are read once per step
-                   GstreamCursor{(int)blockIdx.x, 0, 0},
-                   N,
-                   K,
-                   k_tiles,
-                   passes,
-                   stages,
-                   my_groups * passes * k_tiles,
-                   warp};
+    GstreamWarp<WARPS> st{W,
+                          smem + (size_t)warp * stages * (GSTREAM_TILE_K * 2),
+                          full,
+                          l2_evict_first_policy(),  // weights are read once per step
+                          GstreamCursor{(int)blockIdx.x, 0, 0},
+                          N,
+                          K,
+                          k_tiles,
+                          passes,
+                          stages,
+                          my_groups * passes * k_tiles,
+                          warp};
     if (lane == 0) {
         for (int s = 0; s < stages; ++s) mbar_init(&full[s], 1);  // the issuing arrival, plus the bytes
         mbar_init_fence();
@@ -162,12 +165,86 @@ __device__ __forceinline__ void gemv_stage_chain_inputs(float4* __restrict__ xs4
     __syncthreads();
 }
 
+// gemv_stage_chain_inputs for a wide block (16 warps): the same values slot for slot, since each half of the block
+// (threads 256h .. 256h + 255) normalises tokens h, h + 2 with an 8-warp block's partition of the row and block_sum's
+// tree over its 8 warps. Plain rows are copies, which any partition gives alike. Normalised rows too wide for one
+// batch of 256 threads have no wide form (the host keeps those models on the 8-warp kernels).
+template <int MT>
+__device__ __forceinline__ void gemv_stage_chain_inputs_halves(float4* __restrict__ xs4, const float* __restrict__ x,
+                                                               const bf16_t* __restrict__ norm_w, int x_mode,
+                                                               float eps, int K, float* scratch) {
+    constexpr int HALF = GEMV_WARPS * TT_WARP, HT = (MT + 1) / 2;  // threads and most tokens of a half
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    const int k4 = K / 4;
+    if (x_mode != GEMV_IN_RMSNORM) {  // one round of loads per token: all tokens in one measured slower (#85)
+        for (int t = 0; t < MT; ++t)
+            gemv_stage_input<true>(xs4 + t * k4, x + (size_t)t * K, norm_w, x_mode, eps, K, scratch);
+        return;
+    }
+    if (k4 > GEMV_STAGE_BATCH * HALF) __trap();  // the host never launches it so
+    const int half = threadIdx.x / HALF, tid = threadIdx.x % HALF, lane = tid % TT_WARP, warp = tid / TT_WARP;
+    auto slot = [K](int e) { return (e % 2) * (K / 8) + e / 2; };
+    float4 v[HT][GEMV_STAGE_BATCH];
+    uint2 w[GEMV_STAGE_BATCH];
+    const uint2* w4 = reinterpret_cast<const uint2*>(norm_w);
+#pragma unroll
+    for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
+        const int e = tid + i * HALF;
+        if (e < k4) {
+            w[i] = w4[e];
+#pragma unroll
+            for (int j = 0; j < HT; ++j)
+                if (half + 2 * j < MT) v[j][i] = x4[(half + 2 * j) * k4 + e];
+        }
+    }
+    float ss[HT];
+#pragma unroll
+    for (int j = 0; j < HT; ++j) {
+        ss[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
+            if (tid + i * HALF < k4) ss[j] = fma_squares(v[j][i], ss[j]);
+        }
+        ss[j] = warp_sum(ss[j]);
+    }
+    if (lane == 0) {  // block_sums's tree: each warp's sum, then warp 0 of the half over its 8 warps
+#pragma unroll
+        for (int j = 0; j < HT; ++j)
+            if (half + 2 * j < MT) scratch[32 * (half + 2 * j) + warp] = ss[j];
+    }
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+        for (int j = 0; j < HT; ++j) {
+            const int t = half + 2 * j;
+            if (t < MT) {
+                const float p = warp_sum(lane < GEMV_WARPS ? scratch[32 * t + lane] : 0.0f);
+                if (lane == 0) scratch[32 * t] = p;
+            }
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < HT; ++j) {
+        const int t = half + 2 * j;
+        if (t < MT) {
+            const float inv = rms_inverse(scratch[32 * t], K, eps);
+#pragma unroll
+            for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
+                const int e = tid + i * HALF;
+                if (e < k4) xs4[t * k4 + slot(e)] = rms_scale4(v[j][i], inv, w[i]);
+            }
+        }
+    }
+    __syncthreads();
+}
+
 // One group's gate and up rows of a chain (SwiGLU, whole rows in one piece) from ring slots s and s + 1, each chunk's
 // staged inputs read once for both rows; each row's sums are those of the one-row loop in gemv_stream_rows (the same
 // chunks in the same order, the same butterfly). Then both slots take the warp's next pieces, and the cursor moves on.
-template <int MT>
-__device__ __forceinline__ void gemv_stream_gate_up_pair(GstreamWarp& st, const float4* xs4, int& s, uint32_t& phase,
-                                                         int& i, float (&sums)[2][MT]) {
+template <int MT, int WARPS>
+__device__ __forceinline__ void gemv_stream_gate_up_pair(GstreamWarp<WARPS>& st, const float4* xs4, int& s,
+                                                         uint32_t& phase, int& i, float (&sums)[2][MT]) {
     const int lane = threadIdx.x % TT_WARP, K = st.K;
     float gate[MT], up[MT];
 #pragma unroll
@@ -208,8 +285,8 @@ __device__ __forceinline__ void gemv_stream_gate_up_pair(GstreamWarp& st, const 
 // After the wait: the input rows of tokens t0 .. t0 + MT - 1 staged, then the warp's rows reduced against each of
 // them. Token t's sum is the single-token sum (chunks in the same order, the same butterfly), whatever MT is: a
 // weight chunk leaves shared memory once for all MT tokens.
-template <bool SWIGLU, int MT>
-__device__ __forceinline__ void gemv_stream_rows(GstreamWarp& st, const float* __restrict__ x,
+template <bool SWIGLU, int MT, int WARPS = GEMV_WARPS>
+__device__ __forceinline__ void gemv_stream_rows(GstreamWarp<WARPS>& st, const float* __restrict__ x,
                                                  const bf16_t* __restrict__ norm_w, int x_mode, float eps,
                                                  const bf16_t* __restrict__ bias, const float* residual, float* y,
                                                  int t0, float* scratch) {
@@ -218,25 +295,27 @@ __device__ __forceinline__ void gemv_stream_rows(GstreamWarp& st, const float* _
     const int N = st.N, K = st.K, k_tiles = st.k_tiles, stages = st.stages, pieces = st.pieces;
     const int out_rows = SWIGLU ? N / 2 : N;
     constexpr int passes = SWIGLU ? 2 : 1;
-    const int warp_groups = (out_rows - warp + GEMV_WARPS - 1) / GEMV_WARPS;
+    const int warp_groups = (out_rows - warp + WARPS - 1) / WARPS;
     // The writer's residual of its first row travels with the input's loads; each later row's comes while the row
     // before is reduced. A warp owns its rows, so a residual that aliases y is read before this warp writes it.
     const bool writer = lane == 0;
     auto residual_of = [&](int g, int t) {
         return !SWIGLU && writer && residual && g < warp_groups
-                   ? residual[(size_t)(t0 + t) * N + g * GEMV_WARPS + warp]
+                   ? residual[(size_t)(t0 + t) * N + g * WARPS + warp]
                    : 0.0f;
     };
     float res[MT];
 #pragma unroll
     for (int t = 0; t < MT; ++t) res[t] = residual_of(blockIdx.x, t);
 
-    float4* xs4 = reinterpret_cast<float4*>(gstream_smem + (size_t)stages * GSTREAM_TILE_BYTES);
+    float4* xs4 = reinterpret_cast<float4*>(gstream_smem + (size_t)stages * WARPS * (GSTREAM_TILE_K * 2));
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 1);
     if constexpr (MT == 1)
         gemv_stage_input<true>(xs4, x + (size_t)t0 * K, norm_w, x_mode, eps, K, scratch);
-    else
+    else if constexpr (WARPS == GEMV_WARPS)
         gemv_stage_chain_inputs<MT>(xs4, x + (size_t)t0 * K, norm_w, x_mode, eps, K, scratch);
+    else
+        gemv_stage_chain_inputs_halves<MT>(xs4, x + (size_t)t0 * K, norm_w, x_mode, eps, K, scratch);
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 2);
     // Token t's inputs 8c .. 8c + 3 of chunk c at xs4[t * K / 4 + c], 8c + 4 .. 8c + 7 at xs4[t * K / 4 + K / 8 + c]
     int i = 0, s = 0;
@@ -248,7 +327,7 @@ __device__ __forceinline__ void gemv_stream_rows(GstreamWarp& st, const float* _
     // when the two pieces of a group sit side by side in the ring: whole rows in one piece, a ring of pairs.
     const bool pair_gate_up = SWIGLU && MT > 1 && k_tiles == 1 && stages % 2 == 0;
     for (int g = blockIdx.x; g < warp_groups; g += gridDim.x) {
-        const int j = g * GEMV_WARPS + warp;  // this warp's output row
+        const int j = g * WARPS + warp;  // this warp's output row
         // the writer's bias and the next row's residual are in flight while the row is reduced
         float res_next[MT];
 #pragma unroll
@@ -258,7 +337,7 @@ __device__ __forceinline__ void gemv_stream_rows(GstreamWarp& st, const float* _
         for (int p = 0; p < passes; ++p) bias_p[p] = writer && bias ? bf16_to_float(bias[p * (N / 2) + j]) : 0.0f;
         float sums[passes][MT];
         if constexpr (SWIGLU && MT > 1) {
-            if (pair_gate_up) gemv_stream_gate_up_pair<MT>(st, xs4, s, phase, i, sums);
+            if (pair_gate_up) gemv_stream_gate_up_pair<MT, WARPS>(st, xs4, s, phase, i, sums);
         }
         if (!pair_gate_up) {
 #pragma unroll
@@ -333,22 +412,23 @@ __device__ __forceinline__ void gemv_stream(const bf16_t* __restrict__ W, const 
 }
 
 // The tokens of a forced chain, as many as *count (2 to GSTREAM_CHAIN_TOKENS, read after the wait): each token's
-// rows are the single-token kernel's bits. Dynamic shared memory: stages * GSTREAM_TILE_BYTES
-// + GSTREAM_CHAIN_TOKENS * K * 4 bytes.
-template <bool SWIGLU>
+// rows are the single-token kernel's bits. Blocks of WARPS warps; dynamic shared memory:
+// stages * WARPS * GSTREAM_TILE_K * 2 + GSTREAM_CHAIN_TOKENS * K * 4 bytes.
+template <bool SWIGLU, int WARPS>
 __device__ __forceinline__ void gemv_stream_chain(const bf16_t* __restrict__ W, const float* __restrict__ x,
                                                   const bf16_t* __restrict__ norm_w, int x_mode, float eps,
                                                   const bf16_t* __restrict__ bias, const float* residual, float* y,
                                                   int N, int K, int stages, const int* count) {
     extern __shared__ __align__(16) unsigned char gstream_smem[];
-    __shared__ __align__(8) uint64_t full[GEMV_WARPS][GSTREAM_MAX_STAGES];
+    __shared__ __align__(8) uint64_t full[WARPS][GSTREAM_MAX_STAGES];
     __shared__ float scratch[32 * GSTREAM_CHAIN_TOKENS];  // block_sums of the tokens' sums of squares
-    GstreamWarp st = gemv_stream_start<SWIGLU>(W, N, K, stages, gstream_smem, full[threadIdx.x / TT_WARP]);
+    GstreamWarp<WARPS> st =
+        gemv_stream_start<SWIGLU, WARPS>(W, N, K, stages, gstream_smem, full[threadIdx.x / TT_WARP]);
     pdl_enter();
     switch (*count) {  // uniform: one value for the whole grid
-        case 2: gemv_stream_rows<SWIGLU, 2>(st, x, norm_w, x_mode, eps, bias, residual, y, 0, scratch); break;
-        case 3: gemv_stream_rows<SWIGLU, 3>(st, x, norm_w, x_mode, eps, bias, residual, y, 0, scratch); break;
-        default: gemv_stream_rows<SWIGLU, 4>(st, x, norm_w, x_mode, eps, bias, residual, y, 0, scratch); break;
+        case 2: gemv_stream_rows<SWIGLU, 2, WARPS>(st, x, norm_w, x_mode, eps, bias, residual, y, 0, scratch); break;
+        case 3: gemv_stream_rows<SWIGLU, 3, WARPS>(st, x, norm_w, x_mode, eps, bias, residual, y, 0, scratch); break;
+        default: gemv_stream_rows<SWIGLU, 4, WARPS>(st, x, norm_w, x_mode, eps, bias, residual, y, 0, scratch); break;
     }
 }
 
@@ -374,12 +454,29 @@ extern "C" __global__ void __launch_bounds__(GSTREAM_THREADS, 2)
 gemv_stream_chain_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_t* __restrict__ norm_w,
                        int x_mode, float eps, const bf16_t* __restrict__ bias, const float* residual, float* y, int N,
                        int K, int stages, const int* count) {
-    gemv_stream_chain<false>(W, x, norm_w, x_mode, eps, bias, residual, y, N, K, stages, count);
+    gemv_stream_chain<false, GEMV_WARPS>(W, x, norm_w, x_mode, eps, bias, residual, y, N, K, stages, count);
 }
 
 extern "C" __global__ void __launch_bounds__(GSTREAM_THREADS, 2)
 gemv_stream_chain_swiglu_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x,
                               const bf16_t* __restrict__ norm_w, int x_mode, float eps,
                               const bf16_t* __restrict__ bias, float* y, int N, int K, int stages, const int* count) {
-    gemv_stream_chain<true>(W, x, norm_w, x_mode, eps, bias, nullptr, y, N, K, stages, count);
+    gemv_stream_chain<true, GEMV_WARPS>(W, x, norm_w, x_mode, eps, bias, nullptr, y, N, K, stages, count);
+}
+
+// The chain forms in blocks of 16 warps, one an SM (held to 128 registers): the tokens' input rows are staged once
+// for twice the warps, so the ring gets the shared memory a second block's copy would take.
+extern "C" __global__ void __launch_bounds__(GSTREAM_WIDE_WARPS * TT_WARP, 1)
+gemv_stream_chain16_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_t* __restrict__ norm_w,
+                         int x_mode, float eps, const bf16_t* __restrict__ bias, const float* residual, float* y,
+                         int N, int K, int stages, const int* count) {
+    gemv_stream_chain<false, GSTREAM_WIDE_WARPS>(W, x, norm_w, x_mode, eps, bias, residual, y, N, K, stages, count);
+}
+
+extern "C" __global__ void __launch_bounds__(GSTREAM_WIDE_WARPS * TT_WARP, 1)
+gemv_stream_chain16_swiglu_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                const bf16_t* __restrict__ norm_w, int x_mode, float eps,
+                                const bf16_t* __restrict__ bias, float* y, int N, int K, int stages,
+                                const int* count) {
+    gemv_stream_chain<true, GSTREAM_WIDE_WARPS>(W, x, norm_w, x_mode, eps, bias, nullptr, y, N, K, stages, count);
 }

@@ -46,11 +46,18 @@ GSTREAM_TILE_BYTES = GEMV_WARPS * GSTREAM_TILE_K * 2  # one piece per warp: the 
 GSTREAM_MAX_STAGES = 6  # cuda/gemv_stream.cuh
 GSTREAM_STATIC_SHARED = 512  # its static shared memory (ptxas -v): the ring's barriers and a reduction scratch
 GSTREAM_CHAIN_STATIC_SHARED = 896  # the chain forms', whose scratch holds every token's block reduction
+GSTREAM_CHAIN_WIDE_STATIC_SHARED = 1280  # the 16-warp chain forms' (twice the barriers)
 GSTREAM_BLOCKS_PER_SM = 2
 GSTREAM_SWIGLU_BLOCKS_PER_SM = 3  # gate|up (a gate and an up piece per group): measured faster so
 GSTREAM_MIN_STAGES = 2  # a ring below which a GEMV takes fewer blocks per SM
 # A forced chain's forward pass (cuda/trie_step.cuh's TT_FLAG_CHAINS) takes up to CHAIN_TOKENS tokens: the GEMVs'
 # chain forms stage every token's input row and reduce each weight piece against all of them (GSTREAM_CHAIN_TOKENS).
+# They run as one block of 16 warps an SM (gemv_stream_chain16_*), which stages the tokens' rows once for all 16
+# warps where two 8-warp blocks stage them twice, and give the ring that room. That takes RMSNorm rows that one batch
+# of 256 threads normalises (the wide block's halves normalise the tokens as 8-warp blocks do, for the same bits):
+# wider models keep 8-warp blocks. TOOLTRIE_CHAIN_GEMV_WARPS=8 asks for those everywhere.
+GSTREAM_WIDE_WARPS = 16
+GSTREAM_WIDE_MAX_NORM_K = 4 * 4 * THREADS  # GEMV_STAGE_BATCH float4s for each of an 8-warp block's threads
 SM_RESERVED_SHARED = 1024  # shared memory the hardware keeps per resident block
 GEMM_TILE = 64  # GEMM_BM == GEMM_BN in cuda/gemm.cuh
 # Prefill GEMMs run on the tensor cores (cuda/gemm.cuh, gemm_mma16_bf16 / gemm_mma8_bf16): a block stages 16 tokens
@@ -130,13 +137,13 @@ def gemv_warps_per_row(n_out: int, k_in: int) -> int:
     return 2 if k_in >= GEMV_SPLIT_MIN_K else 1
 
 
-def gemv_groups(n_out: int, warps_per_row: int, swiglu_out: bool = False) -> int:
+def gemv_groups(n_out: int, warps_per_row: int, swiglu_out: bool = False, warps: int = GEMV_WARPS) -> int:
     """Row groups of a GEMV (cuda/gemv.cuh); a grid of this many blocks gives each block one group.
 
-    A group is GEMV_WARPS // warps_per_row rows; for gemv_swiglu_bf16, as many gate rows (each taken with its up
+    A group is ``warps`` // warps_per_row rows; for gemv_swiglu_bf16, as many gate rows (each taken with its up
     row).
     """
-    rows = GEMV_WARPS // warps_per_row
+    rows = warps // warps_per_row
     if swiglu_out:
         if n_out % 2:
             raise ValueError(f"a SwiGLU-output GEMV needs gate|up rows, an even count, not {n_out}")
@@ -144,26 +151,35 @@ def gemv_groups(n_out: int, warps_per_row: int, swiglu_out: bool = False) -> int
     return -(-n_out // rows)
 
 
-def gemv_stream_shared(k_in: int, stages: int, tokens: int = 1) -> int:
-    """Dynamic shared memory of a streaming GEMV block: its ring of weight pieces and its staged input rows (one per
-    token: CHAIN_TOKENS for the chain forms)."""
-    return stages * GSTREAM_TILE_BYTES + tokens * k_in * F32
+def gemv_stream_shared(k_in: int, stages: int, tokens: int = 1, warps: int = GEMV_WARPS) -> int:
+    """Dynamic shared memory of a streaming GEMV block of ``warps`` warps: its ring of weight pieces and its staged
+    input rows (one per token: CHAIN_TOKENS for the chain forms)."""
+    return stages * warps * GSTREAM_TILE_K * 2 + tokens * k_in * F32
 
 
-def _ring_room(k_in: int, blocks_per_sm: int, sm_shared: int, tokens: int = 1) -> int:
+def _ring_room(k_in: int, blocks_per_sm: int, sm_shared: int, tokens: int = 1, warps: int = GEMV_WARPS) -> int:
     """Ring stages that fit each of ``blocks_per_sm`` streaming GEMV blocks of ``k_in``-wide rows (``tokens`` input
-    rows staged) in one SM's ``sm_shared`` bytes of shared memory (0 or less: not even the input rows fit)."""
-    static = GSTREAM_STATIC_SHARED if tokens == 1 else GSTREAM_CHAIN_STATIC_SHARED
+    rows staged, ``warps`` warps) in one SM's ``sm_shared`` bytes of shared memory (0 or less: not even the input
+    rows fit)."""
+    if tokens == 1:
+        static = GSTREAM_STATIC_SHARED
+    else:
+        static = GSTREAM_CHAIN_WIDE_STATIC_SHARED if warps == GSTREAM_WIDE_WARPS else GSTREAM_CHAIN_STATIC_SHARED
     per_block = sm_shared // blocks_per_sm - SM_RESERVED_SHARED - static - tokens * k_in * F32
-    return per_block // GSTREAM_TILE_BYTES
+    return per_block // (warps * GSTREAM_TILE_K * 2)
 
 
 def gemv_stream_stages(
-    k_in: int, blocks_per_sm: int, sm_shared: int, cap: int = GSTREAM_MAX_STAGES, tokens: int = 1
+    k_in: int,
+    blocks_per_sm: int,
+    sm_shared: int,
+    cap: int = GSTREAM_MAX_STAGES,
+    tokens: int = 1,
+    warps: int = GEMV_WARPS,
 ) -> int:
     """The deepest ring (at most ``cap``) with which ``blocks_per_sm`` streaming GEMV blocks of ``k_in``-wide rows
     fit in one SM's ``sm_shared`` bytes of shared memory."""
-    stages = min(cap, _ring_room(k_in, blocks_per_sm, sm_shared, tokens))
+    stages = min(cap, _ring_room(k_in, blocks_per_sm, sm_shared, tokens, warps))
     if stages < 1:
         raise ValueError(
             f"{blocks_per_sm} streaming GEMV blocks of {k_in}-wide rows do not fit in {sm_shared} bytes of shared "
@@ -179,16 +195,18 @@ def gemv_stream_layout(
     fixed_blocks: int | None = None,
     cap: int = GSTREAM_MAX_STAGES,
     tokens: int = 1,
+    warps: int = GEMV_WARPS,
 ) -> tuple[int, int]:
     """(blocks per SM, ring depth) of a streaming GEMV of ``k_in``-wide rows: the most blocks, up to ``max_blocks``,
     whose rings still hold GSTREAM_MIN_STAGES pieces per warp (or ``cap``, if lower), each with the deepest ring
     that fits; ``fixed_blocks`` (TOOLTRIE_GEMV_BLOCKS_PER_SM) sets the count instead. ``tokens``: input rows a block
-    stages (CHAIN_TOKENS for the chain forms)."""
+    stages (CHAIN_TOKENS for the chain forms); ``warps``: a block's warps."""
     if fixed_blocks is not None:
-        return fixed_blocks, gemv_stream_stages(k_in, fixed_blocks, sm_shared, cap, tokens)
+        return fixed_blocks, gemv_stream_stages(k_in, fixed_blocks, sm_shared, cap, tokens, warps)
     want = min(GSTREAM_MIN_STAGES, cap)
-    blocks = next((b for b in range(max_blocks, 1, -1) if _ring_room(k_in, b, sm_shared, tokens) >= want), 1)
-    return blocks, gemv_stream_stages(k_in, blocks, sm_shared, cap, tokens)
+    fits = (b for b in range(max_blocks, 1, -1) if _ring_room(k_in, b, sm_shared, tokens, warps) >= want)
+    blocks = next(fits, 1)
+    return blocks, gemv_stream_stages(k_in, blocks, sm_shared, cap, tokens, warps)
 
 
 def gemv_chain_layout(
@@ -198,14 +216,35 @@ def gemv_chain_layout(
     max_blocks: int,
     fixed_blocks: int | None = None,
     cap: int = GSTREAM_MAX_STAGES,
+    warps: int = GEMV_WARPS,
 ) -> tuple[int, int]:
     """(blocks per SM, ring depth) of a streaming GEMV's chain form: gemv_stream_layout with CHAIN_TOKENS input rows,
     a SwiGLU ring of whole-row pieces cut to an even depth, so that it holds gate|up pairs (the kernel then reads
-    each staged input once for both rows)."""
-    blocks, stages = gemv_stream_layout(k_in, sm_shared, max_blocks, fixed_blocks, cap, CHAIN_TOKENS)
+    each staged input once for both rows). Blocks of GSTREAM_WIDE_WARPS warps: one an SM, with rings of
+    GSTREAM_MIN_STAGES, which leave room beside a qkv block for the chain's K/V row kernel after it (a ring of 3 for
+    the 2,048-wide rows measured slower on an H200, docs/cuda-speed-notes.md #85)."""
+    if warps == GSTREAM_WIDE_WARPS:
+        max_blocks, fixed_blocks, cap = 1, None, min(cap, GSTREAM_MIN_STAGES)
+    blocks, stages = gemv_stream_layout(k_in, sm_shared, max_blocks, fixed_blocks, cap, CHAIN_TOKENS, warps)
     if swiglu and stages > 2 and k_in <= GSTREAM_TILE_K:
         stages -= stages % 2
     return blocks, stages
+
+
+def chain_gemv_warps(hidden_size: int) -> int:
+    """Warps of a chain-form GEMV block: GSTREAM_WIDE_WARPS where the wide block's halves can normalise the inputs
+    (RMSNorm rows of at most GSTREAM_WIDE_MAX_NORM_K values) and TOOLTRIE_CHAIN_GEMV_WARPS does not ask for 8."""
+    wanted = env_int("TOOLTRIE_CHAIN_GEMV_WARPS", GSTREAM_WIDE_WARPS, GEMV_WARPS, GSTREAM_WIDE_WARPS)
+    if wanted not in (GEMV_WARPS, GSTREAM_WIDE_WARPS):
+        raise ValueError(f"TOOLTRIE_CHAIN_GEMV_WARPS is {wanted}; it takes {GEMV_WARPS} or {GSTREAM_WIDE_WARPS}")
+    return GSTREAM_WIDE_WARPS if wanted == GSTREAM_WIDE_WARPS and hidden_size <= GSTREAM_WIDE_MAX_NORM_K else GEMV_WARPS
+
+
+def chain_gemv_kernels(warps: int) -> tuple[str, str]:
+    """The chain-form streaming GEMVs (plain, SwiGLU output) with blocks of ``warps`` warps."""
+    if warps == GSTREAM_WIDE_WARPS:
+        return "gemv_stream_chain16_bf16", "gemv_stream_chain16_swiglu_bf16"
+    return "gemv_stream_chain_bf16", "gemv_stream_chain_swiglu_bf16"
 
 
 def check_config(config: ModelConfig) -> None:
@@ -304,26 +343,26 @@ class CudaModel:
         kinds = {(k, False) for k in (c.hidden_size, self.q_width, c.intermediate_size)} | {(c.hidden_size, True)}
         self.gemv_layout: dict[tuple[int, bool], tuple[int, int]] = {}
         self.gemv_chain_layout: dict[tuple[int, bool], tuple[int, int]] = {}  # the chain forms'
+        self.chain_warps = chain_gemv_warps(c.hidden_size)
         for k, swiglu in kinds:
             if gemv_warps_per_row(0, k) == 1:
                 most = GSTREAM_SWIGLU_BLOCKS_PER_SM if swiglu else GSTREAM_BLOCKS_PER_SM
                 blocks, stages = gemv_stream_layout(k, sm_shared, most, fixed_blocks, stage_cap)
                 self.gemv_layout[(k, swiglu)] = (blocks * sms, stages)
-                blocks, stages = gemv_chain_layout(k, swiglu, sm_shared, most, fixed_blocks, stage_cap)
-                self.gemv_chain_layout[(k, swiglu)] = (blocks * sms, stages)
-        for layout, tokens, names in (
-            (self.gemv_layout, 1, ("gemv_stream_bf16", "gemv_stream_swiglu_bf16")),
-            (self.gemv_chain_layout, CHAIN_TOKENS, ("gemv_stream_chain_bf16", "gemv_stream_chain_swiglu_bf16")),
+                chain = gemv_chain_layout(k, swiglu, sm_shared, most, fixed_blocks, stage_cap, self.chain_warps)
+                self.gemv_chain_layout[(k, swiglu)] = (chain[0] * sms, chain[1])
+        for layout, tokens, warps, names in (
+            (self.gemv_layout, 1, GEMV_WARPS, ("gemv_stream_bf16", "gemv_stream_swiglu_bf16")),
+            (self.gemv_chain_layout, CHAIN_TOKENS, self.chain_warps, chain_gemv_kernels(self.chain_warps)),
         ):
             if layout:
-                most_shared = max(gemv_stream_shared(k, s, tokens) for (k, _), (_, s) in layout.items())
+                most_shared = max(gemv_stream_shared(k, s, tokens, warps) for (k, _), (_, s) in layout.items())
                 for name in names:
                     module.kernel(name).set_max_dynamic_shared(most_shared)
         for name in (
             "gemv_stream_bf16",
             "gemv_stream_swiglu_bf16",
-            "gemv_stream_chain_bf16",
-            "gemv_stream_chain_swiglu_bf16",
+            *chain_gemv_kernels(self.chain_warps),
             "attention_decode",
             "attention_decode_cluster",
             "attention_decode_chain",
@@ -736,16 +775,19 @@ class CudaModel:
         ]
         if split == 1:  # the same bits as gemv_bf16 with one warp per row
             chain = [("ptr", count_ptr)] if count_ptr else []
-            tokens = CHAIN_TOKENS if count_ptr else 1
+            tokens, warps = (CHAIN_TOKENS, self.chain_warps) if count_ptr else (1, GEMV_WARPS)
             layout = self.gemv_chain_layout if count_ptr else self.gemv_layout
             blocks, stages = layout[(k_in, swiglu_out)]
-            name = "gemv_stream" + ("_chain" if count_ptr else "") + ("_swiglu" if swiglu_out else "") + "_bf16"
+            if count_ptr:
+                name = chain_gemv_kernels(warps)[int(swiglu_out)]
+            else:
+                name = "gemv_stream_swiglu_bf16" if swiglu_out else "gemv_stream_bf16"
             return Launch(
                 self.module.kernel(name),
-                (min(gemv_groups(n_out, 1, swiglu_out), blocks), 1, 1),
-                (GSTREAM_THREADS, 1, 1),
+                (min(gemv_groups(n_out, 1, swiglu_out, warps), blocks), 1, 1),
+                (warps * 32, 1, 1),
                 [*inputs, *outputs, ("i32", n_out), ("i32", k_in), ("i32", stages), *chain],
-                shared_bytes=gemv_stream_shared(k_in, stages, tokens),
+                shared_bytes=gemv_stream_shared(k_in, stages, tokens, warps),
                 label=f"gemv:{label}",
             )
         if count_ptr:

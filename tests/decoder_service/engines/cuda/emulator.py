@@ -396,20 +396,25 @@ class FakeDriver:
         self._swiglu_linear(a, m, x)
 
     def k_gemv_stream_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
-        m, x = self._gemv_stream_input(a, grid, block, shared, -(-a.N // 8))
+        m, x = self._gemv_stream_input(a, grid, block, shared, a.N)
         self._linear(a, m, x, a.y)
 
     def k_gemv_stream_swiglu_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         assert a.N % 2 == 0, "the SwiGLU output needs gate|up rows, an even count"
-        m, x = self._gemv_stream_input(a, grid, block, shared, -(-(a.N // 2) // 8))
+        m, x = self._gemv_stream_input(a, grid, block, shared, a.N // 2)
         self._swiglu_linear(a, m, x)
 
-    def _chain_rows(self, a: SimpleNamespace, block: tuple, shared: int, out_width: int) -> list[SimpleNamespace]:
+    def _chain_rows(
+        self, a: SimpleNamespace, block: tuple, shared: int, out_width: int, warps: int
+    ) -> list[SimpleNamespace]:
         """A chain-form streaming GEMV's tokens, each as a single-token launch's arguments (rows t of x, residual
         and y), so that every token is emulated exactly as a step of its own."""
         count = int(self.view(a.count, np.int32, 1)[0])
         assert 2 <= count <= 4, f"a chain of {count} tokens; the kernel takes 2 to 4"
-        assert block == (256, 1, 1) and shared >= a.stages * 32768 + 4 * 4 * a.K, "the ring and four input rows"
+        assert block == (32 * warps, 1, 1), f"a chain GEMV block of this kernel is {warps} warps"
+        assert shared >= a.stages * warps * 4096 + 4 * 4 * a.K, "the ring and four input rows"
+        if warps == 16 and a.x_mode == 1:
+            assert a.K <= 4096, "the 16-warp chain GEMV normalises rows of at most 4,096 values"
         rows = []
         for t in range(count):
             r = SimpleNamespace(**vars(a))
@@ -417,15 +422,24 @@ class FakeDriver:
             r.y = a.y + 4 * t * out_width
             if getattr(a, "residual", 0):
                 r.residual = a.residual + 4 * t * a.N
+            r.warps = warps
             rows.append(r)
         return rows
 
     def k_gemv_stream_chain_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
-        for r in self._chain_rows(a, block, shared, a.N):
+        for r in self._chain_rows(a, block, shared, a.N, 8):
             self.k_gemv_stream_bf16(r, grid, block, shared)
 
     def k_gemv_stream_chain_swiglu_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
-        for r in self._chain_rows(a, block, shared, a.N // 2):
+        for r in self._chain_rows(a, block, shared, a.N // 2, 8):
+            self.k_gemv_stream_swiglu_bf16(r, grid, block, shared)
+
+    def k_gemv_stream_chain16_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        for r in self._chain_rows(a, block, shared, a.N, 16):
+            self.k_gemv_stream_bf16(r, grid, block, shared)
+
+    def k_gemv_stream_chain16_swiglu_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        for r in self._chain_rows(a, block, shared, a.N // 2, 16):
             self.k_gemv_stream_swiglu_bf16(r, grid, block, shared)
 
     def _swiglu_linear(self, a: SimpleNamespace, m: int, x: np.ndarray) -> None:
@@ -435,14 +449,16 @@ class FakeDriver:
         self.view(a.y, np.float32, m * a.N // 2)[:] = ref.swiglu(ref.linear(x, w, bias, None)).ravel()
 
     def _gemv_stream_input(
-        self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int, groups: int
+        self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int, out_rows: int
     ) -> tuple[int, np.ndarray]:
-        """Check a streaming GEMV launch (cuda/gemv_stream.cuh); return its token count and input rows."""
-        assert block == (256, 1, 1), "a streaming GEMV block is eight warps"
+        """Check a streaming GEMV launch (cuda/gemv_stream.cuh; a chain form's token carries its block's warps);
+        return its token count and input rows."""
+        warps = getattr(a, "warps", 8)
+        assert block == (32 * warps, 1, 1), f"a streaming GEMV block of this kernel is {warps} warps"
         assert 1 <= a.stages <= 6, f"{a.stages} ring stages; the kernel has barriers for 1 to 6"
-        assert shared >= a.stages * 32768 + 4 * a.K, "the ring and the input row need more shared memory"
+        assert shared >= a.stages * warps * 4096 + 4 * a.K, "the ring and the input row need more shared memory"
         a.warps_per_row = 1
-        return self._gemv_input(a, grid, shared, groups)
+        return self._gemv_input(a, grid, shared, -(-out_rows // warps))
 
     def _gemv_input(self, a: SimpleNamespace, grid: tuple, shared: int, groups: int) -> tuple[int, np.ndarray]:
         """Check a GEMV launch; return its token count and transformed input rows."""

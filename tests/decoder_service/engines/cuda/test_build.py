@@ -13,6 +13,7 @@ from decoder_service.engines.cuda import cuda_available
 from decoder_service.engines.cuda.forward import (
     ATTN_STATIC_SHARED,
     GSTREAM_CHAIN_STATIC_SHARED,
+    GSTREAM_CHAIN_WIDE_STATIC_SHARED,
     GSTREAM_STATIC_SHARED,
     check_config,
 )
@@ -143,4 +144,6 @@ def test_host_shared_memory_constants_cover_the_kernels(tmp_path: Path) -> None:
     assert shared["gemv_stream_swiglu_bf16"] <= GSTREAM_STATIC_SHARED
     assert shared["gemv_stream_chain_bf16"] <= GSTREAM_CHAIN_STATIC_SHARED
     assert shared["gemv_stream_chain_swiglu_bf16"] <= GSTREAM_CHAIN_STATIC_SHARED
+    assert shared["gemv_stream_chain16_bf16"] <= GSTREAM_CHAIN_WIDE_STATIC_SHARED
+    assert shared["gemv_stream_chain16_swiglu_bf16"] <= GSTREAM_CHAIN_WIDE_STATIC_SHARED
     assert shared["attention"] <= ATTN_STATIC_SHARED

@@ -203,7 +203,7 @@ def test_forced_chains_give_the_answer_of_a_pass_per_token(fake_driver, tiny_mod
         events = list(engine.decode(DecodeRequest("Tell the team the deploy is done", 3, tiny_catalog)))
         answers[chains] = [(e.name, e.token_ids, e.score) for e in events[:-1]]
         passes[chains] = events[-1].forward_passes
-        assert ("gemv_stream_chain_bf16" in fake_driver.launches) is chains
+        assert ("gemv_stream_chain16_bf16" in fake_driver.launches) is chains  # 16-warp blocks: hidden <= 4,096
         engine.free()
     assert answers[True] == answers[False]
     assert passes[True] < passes[False]

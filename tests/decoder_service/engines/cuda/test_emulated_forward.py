@@ -239,6 +239,56 @@ def test_chain_gemv_layout_keeps_gate_up_pairs_in_the_ring(
     assert blocks * gemv_stream_shared(k_in, stages, CHAIN_TOKENS) <= H200_SM_SHARED
 
 
+@pytest.mark.parametrize(
+    ("k_in", "swiglu", "layout"),
+    [
+        (2048, False, (1, 2)),  # the Qwen3-1.7B qkv and o: a ring of 3 would fit, but 2 leaves room beside it
+        (2048, True, (1, 2)),  # its gate|up
+        (6144, False, (1, 2)),  # its down: 16 warps with rings of 2 where 8 had rings of 4
+        (576, False, (1, 2)),  # SmolLM2's rows
+    ],
+)
+def test_wide_chain_gemv_layout_is_one_block_an_sm_with_rings_of_two(
+    k_in: int, swiglu: bool, layout: tuple[int, int]
+) -> None:
+    from decoder_service.engines.cuda.forward import (
+        CHAIN_TOKENS,
+        GSTREAM_CHAIN_WIDE_STATIC_SHARED,
+        GSTREAM_WIDE_WARPS,
+        SM_RESERVED_SHARED,
+        gemv_chain_layout,
+        gemv_stream_shared,
+    )
+
+    # one block an SM whatever the count asked for (TOOLTRIE_GEMV_BLOCKS_PER_SM: 2 here)
+    assert gemv_chain_layout(k_in, swiglu, H200_SM_SHARED, 3, 2, warps=GSTREAM_WIDE_WARPS) == layout
+    _, stages = layout
+    used = gemv_stream_shared(k_in, stages, CHAIN_TOKENS, GSTREAM_WIDE_WARPS) + GSTREAM_CHAIN_WIDE_STATIC_SHARED
+    assert used + SM_RESERVED_SHARED <= H200_SM_SHARED
+
+
+@pytest.mark.parametrize(
+    ("setting", "hidden", "warps"),
+    [(None, 2048, 16), ("8", 2048, 8), ("16", 4096, 16), (None, 5120, 8), ("12", 2048, None), ("32", 2048, None)],
+)
+def test_chain_gemv_warps_wide_where_the_halves_can_normalise(
+    monkeypatch: pytest.MonkeyPatch, setting: str | None, hidden: int, warps: int | None
+) -> None:
+    """16-warp chain blocks unless TOOLTRIE_CHAIN_GEMV_WARPS asks for 8 or the RMSNorm rows are wider than one
+    staging batch of 256 threads; any other setting is an error."""
+    from decoder_service.engines.cuda.forward import chain_gemv_warps
+
+    if setting is None:
+        monkeypatch.delenv("TOOLTRIE_CHAIN_GEMV_WARPS", raising=False)
+    else:
+        monkeypatch.setenv("TOOLTRIE_CHAIN_GEMV_WARPS", setting)
+    if warps is None:
+        with pytest.raises(ValueError, match="TOOLTRIE_CHAIN_GEMV_WARPS"):
+            chain_gemv_warps(hidden)
+    else:
+        assert chain_gemv_warps(hidden) == warps
+
+
 def test_gate_up_gemv_runs_three_blocks_per_sm_and_the_others_two(fake_driver: FakeDriver) -> None:
     """The default layout on the emulated H200: the SwiGLU-output GEMV with rings of 2 at three blocks per SM, the
     plain ones (and the dense head) with rings of 3 at two."""

@@ -362,6 +362,7 @@ def test_gemv_stream_equals_gemv(
         (1001, 576, 1, False, True, False, 3),  # a part piece and a part group
     ],
 )
+@pytest.mark.parametrize("warps", [8, 16])
 def test_gemv_stream_chain_equals_the_single_token_kernel(
     dev: Device,
     rng: np.random.Generator,
@@ -372,10 +373,21 @@ def test_gemv_stream_chain_equals_the_single_token_kernel(
     residual: bool,
     swiglu: bool,
     stages: int,
+    warps: int,
 ) -> None:
     """A forced chain's GEMV (2 to GSTREAM_CHAIN_TOKENS tokens in one pass over the weights) gives every token the
-    bits of the single-token kernel, whatever the ring: gate 12 (a chain's pass == a pass per token) rests on it."""
-    from decoder_service.engines.cuda.forward import CHAIN_TOKENS
+    bits of the single-token kernel, whatever the ring and the block's warps (16: each half of the block normalises
+    its tokens as an 8-warp block does): gate 12 (a chain's pass == a pass per token) rests on it."""
+    from decoder_service.engines.cuda.forward import (
+        CHAIN_TOKENS,
+        GSTREAM_CHAIN_WIDE_STATIC_SHARED,
+        GSTREAM_WIDE_MAX_NORM_K,
+        MAX_SHARED_PER_BLOCK,
+        chain_gemv_kernels,
+    )
+
+    if warps == 16 and x_mode == 1 and k_in > GSTREAM_WIDE_MAX_NORM_K:
+        pytest.skip("the 16-warp form normalises rows of one staging batch; the host keeps wider ones on 8 warps")
 
     wbits, _ = bf16_random(rng, (n_out, k_in), 0.05)
     bbits, _ = bf16_random(rng, n_out, 0.5)
@@ -383,10 +395,13 @@ def test_gemv_stream_chain_equals_the_single_token_kernel(
     n_y = n_out // 2 if swiglu else n_out
     wb = dev.put(wbits)
     norm, bb = dev.put(nbits) if x_mode == 1 else None, dev.put(bbits) if bias else None
-    name = "gemv_stream_chain_swiglu_bf16" if swiglu else "gemv_stream_chain_bf16"
-    shared = gemv_stream_shared(k_in, stages, CHAIN_TOKENS)
+    name = chain_gemv_kernels(warps)[int(swiglu)]
+    room = MAX_SHARED_PER_BLOCK - GSTREAM_CHAIN_WIDE_STATIC_SHARED
+    while gemv_stream_shared(k_in, stages, CHAIN_TOKENS, warps) > room:
+        stages -= 1  # twice the warps: twice a stage's bytes
+    shared = gemv_stream_shared(k_in, stages, CHAIN_TOKENS, warps)
     dev.module.kernel(name).set_max_dynamic_shared(shared)
-    label = f"gemv_stream_chain/{IN_MODES[x_mode]}{OUT_MODES[int(swiglu)]}/{n_out}x{k_in}/stages{stages}"
+    label = f"{name}/{IN_MODES[x_mode]}{OUT_MODES[int(swiglu)]}/{n_out}x{k_in}/stages{stages}"
     for count in range(2, CHAIN_TOKENS + 1):
         x = (2.0 * rng.standard_normal((CHAIN_TOKENS, k_in))).astype(F32)  # rows past count are never read
         r = rng.standard_normal((CHAIN_TOKENS, n_y)).astype(F32)
@@ -398,7 +413,7 @@ def test_gemv_stream_chain_equals_the_single_token_kernel(
         chain = dev.put(r) if residual else dev.poisoned(CHAIN_TOKENS * n_y)
         args = [*gemv_args(wb, xb, norm, x_mode, 1e-5, bb, chain if residual else None, chain, swiglu)]
         args += [("i32", n_out), ("i32", k_in), ("i32", stages), ("ptr", dev.put(np.array([count], np.int32)).ptr)]
-        dev.launch(name, (132, 1, 1), (GSTREAM_THREADS, 1, 1), args, shared=shared)
+        dev.launch(name, (132, 1, 1), (32 * warps, 1, 1), args, shared=shared)
         want, got = dev.get(single, F32, (CHAIN_TOKENS, n_y))[:count], dev.get(chain, F32, (CHAIN_TOKENS, n_y))
         same = bool(np.array_equal(got[:count], want))
         record("kernel", f"{label}/tokens{count}/bit-identical", exact=same)
