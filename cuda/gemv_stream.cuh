@@ -19,7 +19,8 @@
 // in the order above, so each token's row is the single-token kernel's bits. A SwiGLU chain whose rows are one piece
 // each and whose ring holds pairs reduces a group's gate and up rows together, reading each staged input once for
 // both; a chain's lanes unroll 2 chunks, not 8, so that its MT sums per chunk fit 128 registers. The chain forms also
-// come in blocks of 16 warps (gemv_stream_chain16_*, one an SM), which stage the tokens' rows once for all 16 warps.
+// come in blocks of 16 warps (gemv_stream_chain16_*, one an SM), which stage the tokens' rows once for all 16 warps
+// and reduce a warp's plain rows two at a time as well where the ring holds pairs.
 // Requires K % 8 == 0, as gemv_bf16. Dynamic shared memory: stages * GSTREAM_TILE_BYTES + K * 4 bytes (the chain
 // forms: + GSTREAM_CHAIN_TOKENS * K * 4).
 #pragma once
@@ -239,11 +240,12 @@ __device__ __forceinline__ void gemv_stage_chain_inputs_halves(float4* __restric
     __syncthreads();
 }
 
-// One group's gate and up rows of a chain (SwiGLU, whole rows in one piece) from ring slots s and s + 1, each chunk's
-// staged inputs read once for both rows; each row's sums are those of the one-row loop in gemv_stream_rows (the same
-// chunks in the same order, the same butterfly). Then both slots take the warp's next pieces, and the cursor moves on.
+// Two rows of a chain from ring slots s and s + 1 (whole rows in one piece: a group's gate and up rows, or two of a
+// 16-warp block's plain rows), each chunk's staged inputs read once for both; each row's sums are those of the one-row
+// loop in gemv_stream_rows (the same chunks in the same order, the same butterfly). Then both slots take the warp's
+// next pieces, and the cursor moves on.
 template <int MT, int WARPS>
-__device__ __forceinline__ void gemv_stream_gate_up_pair(GstreamWarp<WARPS>& st, const float4* xs4, int& s,
+__device__ __forceinline__ void gemv_stream_row_pair(GstreamWarp<WARPS>& st, const float4* xs4, int& s,
                                                          uint32_t& phase, int& i, float (&sums)[2][MT]) {
     const int lane = threadIdx.x % TT_WARP, K = st.K;
     float gate[MT], up[MT];
@@ -326,18 +328,49 @@ __device__ __forceinline__ void gemv_stream_rows(GstreamWarp<WARPS>& st, const f
     // A chain's gate and up rows read each staged input once for both (half the shared-memory reads per weight byte)
     // when the two pieces of a group sit side by side in the ring: whole rows in one piece, a ring of pairs.
     const bool pair_gate_up = SWIGLU && MT > 1 && k_tiles == 1 && stages % 2 == 0;
+    // The 16-warp blocks' plain chain rows likewise, two of the warp's rows (groups g and g + gridDim.x) at a time.
+    const bool pair_rows = !SWIGLU && MT > 1 && WARPS == GSTREAM_WIDE_WARPS && k_tiles == 1 && stages % 2 == 0;
     for (int g = blockIdx.x; g < warp_groups; g += gridDim.x) {
         const int j = g * WARPS + warp;  // this warp's output row
         // the writer's bias and the next row's residual are in flight while the row is reduced
         float res_next[MT];
 #pragma unroll
         for (int t = 0; t < MT; ++t) res_next[t] = residual_of(g + gridDim.x, t);
+        if constexpr (!SWIGLU && MT > 1 && WARPS == GSTREAM_WIDE_WARPS) {
+            const int g2 = g + gridDim.x, j2 = g2 * WARPS + warp;
+            if (pair_rows && g2 < warp_groups) {
+                const float b1 = writer && bias ? bf16_to_float(bias[j]) : 0.0f;
+                const float b2 = writer && bias ? bf16_to_float(bias[j2]) : 0.0f;
+                float sums[2][MT];
+                gemv_stream_row_pair<MT, WARPS>(st, xs4, s, phase, i, sums);  // rows j and j2
+                if (writer) {
+#pragma unroll
+                    for (int t = 0; t < MT; ++t) {
+                        float acc = sums[0][t], acc2 = sums[1][t];
+                        if (bias) {
+                            acc += b1;
+                            acc2 += b2;
+                        }
+                        if (residual) {
+                            acc += res[t];
+                            acc2 += res_next[t];
+                        }
+                        y[(size_t)(t0 + t) * N + j] = acc;
+                        y[(size_t)(t0 + t) * N + j2] = acc2;
+                    }
+                }
+#pragma unroll
+                for (int t = 0; t < MT; ++t) res[t] = residual_of(g2 + gridDim.x, t);
+                g = g2;  // and the loop's step: the group after g2
+                continue;
+            }
+        }
         float bias_p[passes];
 #pragma unroll
         for (int p = 0; p < passes; ++p) bias_p[p] = writer && bias ? bf16_to_float(bias[p * (N / 2) + j]) : 0.0f;
         float sums[passes][MT];
         if constexpr (SWIGLU && MT > 1) {
-            if (pair_gate_up) gemv_stream_gate_up_pair<MT, WARPS>(st, xs4, s, phase, i, sums);
+            if (pair_gate_up) gemv_stream_row_pair<MT, WARPS>(st, xs4, s, phase, i, sums);
         }
         if (!pair_gate_up) {
 #pragma unroll

@@ -357,7 +357,8 @@ def test_gemv_stream_equals_gemv(
         (2 * 1536, 576, 1, True, False, True, 4),  # SmolLM2's gate|up, pairs in a deeper ring
         (2 * 150, 2504, 1, True, False, True, 2),  # rows of two pieces: one row at a time
         (2048, 6144, 0, False, True, False, 4),  # the Qwen3-1.7B down: plain rows copied straight to shared memory
-        (4096, 2048, 1, True, False, False, 2),  # its qkv, with a bias
+        (4096, 2048, 1, True, False, False, 2),  # its qkv, with a bias (16 warps: a warp's rows in pairs)
+        (2048, 2048, 0, False, True, False, 2),  # its o, with the residual (pairs at the grid of 31)
         (520, 6144, 1, True, True, False, 2),  # a norm over more than one staging batch: tokens one after another
         (1001, 576, 1, False, True, False, 3),  # a part piece and a part group
     ],
@@ -376,8 +377,9 @@ def test_gemv_stream_chain_equals_the_single_token_kernel(
     warps: int,
 ) -> None:
     """A forced chain's GEMV (2 to GSTREAM_CHAIN_TOKENS tokens in one pass over the weights) gives every token the
-    bits of the single-token kernel, whatever the ring and the block's warps (16: each half of the block normalises
-    its tokens as an 8-warp block does): gate 12 (a chain's pass == a pass per token) rests on it."""
+    bits of the single-token kernel, whatever the ring, the grid and the block's warps (16: each half of the block
+    normalises its tokens as an 8-warp block does, and a warp's plain rows go in pairs): gate 12 (a chain's pass == a
+    pass per token) rests on it."""
     from decoder_service.engines.cuda.forward import (
         CHAIN_TOKENS,
         GSTREAM_CHAIN_WIDE_STATIC_SHARED,
@@ -410,16 +412,19 @@ def test_gemv_stream_chain_equals_the_single_token_kernel(
         gemv_stream_launch(
             dev, 132, count, wb, xb, norm, x_mode, bb, single if residual else None, single, n_out, k_in, 3, swiglu
         )
-        chain = dev.put(r) if residual else dev.poisoned(CHAIN_TOKENS * n_y)
-        args = [*gemv_args(wb, xb, norm, x_mode, 1e-5, bb, chain if residual else None, chain, swiglu)]
-        args += [("i32", n_out), ("i32", k_in), ("i32", stages), ("ptr", dev.put(np.array([count], np.int32)).ptr)]
-        dev.launch(name, (132, 1, 1), (32 * warps, 1, 1), args, shared=shared)
-        want, got = dev.get(single, F32, (CHAIN_TOKENS, n_y))[:count], dev.get(chain, F32, (CHAIN_TOKENS, n_y))
-        same = bool(np.array_equal(got[:count], want))
-        record("kernel", f"{label}/tokens{count}/bit-identical", exact=same)
-        assert same, f"{label}: a chain of {count} tokens differs from the single-token kernel"
-        if residual:  # rows past the chain's keep their residual
-            assert np.array_equal(got[count:], r[count:])
+        want = dev.get(single, F32, (CHAIN_TOKENS, n_y))[:count]
+        for grid_x in (132, 31):  # 31: several groups a warp, so rows in pairs and a warp's last row alone
+            chain = dev.put(r) if residual else dev.poisoned(CHAIN_TOKENS * n_y)
+            args = [*gemv_args(wb, xb, norm, x_mode, 1e-5, bb, chain if residual else None, chain, swiglu)]
+            count_buf = dev.put(np.array([count], np.int32))
+            args += [("i32", n_out), ("i32", k_in), ("i32", stages), ("ptr", count_buf.ptr)]
+            dev.launch(name, (grid_x, 1, 1), (32 * warps, 1, 1), args, shared=shared)
+            got = dev.get(chain, F32, (CHAIN_TOKENS, n_y))
+            same = bool(np.array_equal(got[:count], want))
+            record("kernel", f"{label}/grid{grid_x}/tokens{count}/bit-identical", exact=same)
+            assert same, f"{label}: grid {grid_x}, a chain of {count} tokens differs from the single-token kernel"
+            if residual:  # rows past the chain's keep their residual
+                assert np.array_equal(got[count:], r[count:])
 
 
 def _gemm_args(x, w, bias, residual, out, m: int, n_out: int, k_in: int) -> list[tuple[str, int | float]]:
