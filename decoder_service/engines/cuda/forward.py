@@ -53,7 +53,8 @@ GSTREAM_MIN_STAGES = 2  # a ring below which a GEMV takes fewer blocks per SM
 # A forced chain's forward pass (cuda/trie_step.cuh's TT_FLAG_CHAINS) takes up to CHAIN_TOKENS tokens: the GEMVs'
 # chain forms stage every token's input row and reduce each weight piece against all of them (GSTREAM_CHAIN_TOKENS).
 # They run as one block of 16 warps an SM (gemv_stream_chain16_*), which stages the tokens' rows once for all 16
-# warps where two 8-warp blocks stage them twice, and give the ring that room. That takes RMSNorm rows that one batch
+# warps where two 8-warp blocks stage them twice, give the ring that room, and reduce a warp's rows in pairs where its
+# ring of 2 holds two of them (docs/cuda-speed-notes.md #85, #89). That takes RMSNorm rows that one batch
 # of 256 threads normalises (the wide block's halves normalise the tokens as 8-warp blocks do, for the same bits):
 # wider models keep 8-warp blocks. TOOLTRIE_CHAIN_GEMV_WARPS=8 asks for those everywhere.
 GSTREAM_WIDE_WARPS = 16
