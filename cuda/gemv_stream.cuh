@@ -246,7 +246,7 @@ __device__ __forceinline__ void gemv_stage_chain_inputs_halves(float4* __restric
 // next pieces, and the cursor moves on.
 template <int MT, int WARPS>
 __device__ __forceinline__ void gemv_stream_row_pair(GstreamWarp<WARPS>& st, const float4* xs4, int& s,
-                                                         uint32_t& phase, int& i, float (&sums)[2][MT]) {
+                                                     uint32_t& phase, int& i, float (&sums)[2][MT]) {
     const int lane = threadIdx.x % TT_WARP, K = st.K;
     float gate[MT], up[MT];
 #pragma unroll
