@@ -42,7 +42,7 @@ GEMV_MAX_BLOCKS = 2 * 132
 # depth) override them, to tune another GPU.
 GSTREAM_THREADS = GEMV_WARPS * 32
 GSTREAM_TILE_K = 2048  # columns of a row piece (cuda/gemv_stream.cuh)
-GSTREAM_TILE_BYTES = GEMV_WARPS * GSTREAM_TILE_K * 2  # one piece per warp: the shared memory of a ring stage
+GSTREAM_PIECE_BYTES = GSTREAM_TILE_K * 2  # one warp's row piece: a ring stage is one per warp of the block
 GSTREAM_MAX_STAGES = 6  # cuda/gemv_stream.cuh
 GSTREAM_STATIC_SHARED = 512  # its static shared memory (ptxas -v): the ring's barriers and a reduction scratch
 GSTREAM_CHAIN_STATIC_SHARED = 896  # the chain forms', whose scratch holds every token's block reduction
@@ -155,7 +155,7 @@ def gemv_groups(n_out: int, warps_per_row: int, swiglu_out: bool = False, warps:
 def gemv_stream_shared(k_in: int, stages: int, tokens: int = 1, warps: int = GEMV_WARPS) -> int:
     """Dynamic shared memory of a streaming GEMV block of ``warps`` warps: its ring of weight pieces and its staged
     input rows (one per token: CHAIN_TOKENS for the chain forms)."""
-    return stages * warps * GSTREAM_TILE_K * 2 + tokens * k_in * F32
+    return stages * warps * GSTREAM_PIECE_BYTES + tokens * k_in * F32
 
 
 def _ring_room(k_in: int, blocks_per_sm: int, sm_shared: int, tokens: int = 1, warps: int = GEMV_WARPS) -> int:
@@ -167,7 +167,7 @@ def _ring_room(k_in: int, blocks_per_sm: int, sm_shared: int, tokens: int = 1, w
     else:
         static = GSTREAM_CHAIN_WIDE_STATIC_SHARED if warps == GSTREAM_WIDE_WARPS else GSTREAM_CHAIN_STATIC_SHARED
     per_block = sm_shared // blocks_per_sm - SM_RESERVED_SHARED - static - tokens * k_in * F32
-    return per_block // (warps * GSTREAM_TILE_K * 2)
+    return per_block // (warps * GSTREAM_PIECE_BYTES)
 
 
 def gemv_stream_stages(
