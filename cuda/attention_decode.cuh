@@ -51,6 +51,8 @@ static_assert(ATTN_CLUSTER * ATTN_RECORD_FLOATS <= 2 * ATTN_MERGE_MAX_CHUNKS, "t
 // one row per load (128 contiguous bytes); every load is issued before any is used. Rows past the chunk load its
 // first row (never used), which keeps every load unconditional; row `pos` (the new token, computed by this block)
 // comes from vnew.
+// PLAIN: the caller knows every row it loads lies inside the chunk, before row pos (no clamp, no new row).
+template <bool PLAIN = false>
 __device__ __forceinline__ void attn_load_v_col(float (&v)[ATTN_V_COL], const float* __restrict__ v_cache,
                                                 const float* vnew, int pos, int j0, int t0, int rows, int g, int d,
                                                 int groups, int kv_stride, int kvh, int head_dim) {
@@ -58,11 +60,13 @@ __device__ __forceinline__ void attn_load_v_col(float (&v)[ATTN_V_COL], const fl
 #pragma unroll
     for (int k = 0; k < ATTN_V_COL; ++k) {
         const int r = t0 + g + k * groups;
-        v[k] = base[(size_t)(r < rows ? r : 0) * kv_stride];
+        v[k] = base[(size_t)(PLAIN || r < rows ? r : 0) * kv_stride];
     }
+    if constexpr (!PLAIN) {
 #pragma unroll
-    for (int k = 0; k < ATTN_V_COL; ++k)
-        if (j0 + t0 + g + k * groups == pos) v[k] = vnew[d];
+        for (int k = 0; k < ATTN_V_COL; ++k)
+            if (j0 + t0 + g + k * groups == pos) v[k] = vnew[d];
+    }
 }
 
 // Requests K and V rows j0 .. j0 + rows - 1 of kv head kvh into L2: thread t takes 128-byte line t % lines of rows
@@ -86,7 +90,7 @@ struct AttnShared {
     __align__(16) float vnew[256];
     float rope_scratch[2 * 256];  // q and k of the head
     float p[ATTN_CHUNK];                         // the chunk's scores
-    float weights[ATTN_SPLIT_WARPS][ATTN_CHUNK];  // each warp's copy of the softmax weights
+    __align__(16) float weights[ATTN_SPLIT_WARPS][ATTN_CHUNK];  // each warp's copy of the softmax weights
     float red[ATTN_SPLIT_THREADS];
     float scratch[64];
     int merge;
@@ -159,9 +163,7 @@ struct AttnRecords {
 
 // Chunk c of head h (attn_prepare_head done for h): its scores, softmax max m and sum l, and V sums, written as the
 // record (m, l, acc[head_dim]) of (h, c) at to.at(h, c). Ends with a barrier (sh is free for the next chunk).
-// FIXED_BLOCK: the block is known to have ATTN_SPLIT_THREADS threads, so with a compile-time head_dim the V loops
-// compile for their exact trip counts.
-template <bool FIXED_BLOCK = false>
+// (attn_chunk_records_hd_form is the same arithmetic for a compile-time head_dim.)
 __device__ __forceinline__ void attn_chunk_record(const float* __restrict__ k_cache, const float* __restrict__ v_cache,
                                                   const AttnRecords& to, int h, int c, int pos, const AttnDims& d,
                                                   AttnShared& sh, int mark) {
@@ -172,7 +174,7 @@ __device__ __forceinline__ void attn_chunk_record(const float* __restrict__ k_ca
     const float4* knew4 = reinterpret_cast<const float4*>(sh.knew);
     // Where head_dim does not divide the block (96), the threads past groups * head_dim sum rows a lower group also
     // sums, and their sums are never read.
-    const int groups = FIXED_BLOCK ? ATTN_SPLIT_THREADS / head_dim : blockDim.x / head_dim;
+    const int groups = blockDim.x / head_dim;
     const int g = threadIdx.x / head_dim, dcol = threadIdx.x % head_dim;
     const int col_rows = ATTN_V_COL * groups;  // chunk rows whose V one round of loads covers
     const int j0 = c * ATTN_CHUNK, rows = min(ATTN_CHUNK, length - j0);
@@ -257,6 +259,165 @@ __device__ __forceinline__ void attn_chunk_record(const float* __restrict__ k_ca
         rec[1] = l;
     }
     __syncthreads();  // p, weights and red are reused by the next chunk; the records are written
+}
+
+// The warp sums of N values a lane (N = 4 or 8), each with warp_sum's additions and so bit-identical to it (a
+// butterfly's two lanes add the same two values), in fewer shuffles: at each of the first log2 N levels a lane keeps
+// half of its values and trades the other half with its partner, which keeps those; the last levels are warp_sum's.
+// Lane l ends with the sum of value (l >> (5 - log2 N)) % N.
+template <int N>
+__device__ __forceinline__ float warp_sums_scattered(float (&x)[N]) {
+    static_assert(N == 4 || N == 8, "two or three trading levels");
+    constexpr int LEVELS = N == 8 ? 3 : 2;
+    const int lane = threadIdx.x % TT_WARP;
+#pragma unroll
+    for (int level = 0; level < LEVELS; ++level) {
+        const int o = TT_WARP >> (level + 1), half = (N >> level) / 2;
+        const bool upper = lane & o;
+#pragma unroll
+        for (int j = 0; j < half; ++j) {
+            const float keep = upper ? x[half + j] : x[j], give = upper ? x[j] : x[half + j];
+            x[j] = keep + __shfl_xor_sync(0xffffffffu, give, o);
+        }
+    }
+#pragma unroll
+    for (int o = TT_WARP >> (LEVELS + 1); o > 0; o >>= 1) x[0] += __shfl_xor_sync(0xffffffffu, x[0], o);
+    return x[0];
+}
+
+// Where attn_chunk_records_hd_form keeps the head's chunk state in shared memory: its q (HD floats), scores
+// (ATTN_CHUNK), softmax weights (ATTN_SPLIT_WARPS x ATTN_CHUNK, 16-byte aligned) and V partial sums
+// (ATTN_SPLIT_THREADS); the new token's k and v.
+struct AttnHeadsScratch {
+    const float* q;
+    float* p;
+    float* weights;
+    float* red;
+    const float* knew;
+    const float* vnew;
+};
+
+// attn_chunk_record for a compile-time head_dim HD and a block of ATTN_SPLIT_THREADS, head h0. Each product, sum,
+// weight and record is attn_chunk_record's, in its order (the same bits), with fewer instructions: the loops compile
+// for their exact trip counts; PLAIN chunks (wholly before row pos: every chunk but the context's last) load their
+// rows without clamps or the new row's substitution; the rows' warp sums trade halves (warp_sums_scattered); where
+// one round of V loads covers the chunk, each warp lays its weights out by thread group so that a thread reads its
+// rows' weights as float4s (docs/cuda-speed-notes.md #91). Ends with a barrier.
+template <int HD, bool PLAIN>
+__device__ __forceinline__ void attn_chunk_records_hd_form(const float* __restrict__ k_cache,
+                                                           const float* __restrict__ v_cache, const AttnRecords& to,
+                                                           int h0, int c, int pos, const AttnDims& d,
+                                                           const AttnHeadsScratch& sh, int mark) {
+    constexpr int hd4 = HD / 4, groups = ATTN_SPLIT_THREADS / HD, col_rows = ATTN_V_COL * groups;
+    constexpr int RW = ATTN_ROWS_PER_WARP;
+    constexpr bool GROUPED = col_rows == ATTN_CHUNK;  // thread group g's weights at g * ATTN_V_COL ..
+    static_assert(!PLAIN || col_rows <= ATTN_CHUNK, "plain loads stay inside the chunk");
+    static_assert(HD <= ATTN_SPLIT_THREADS, "one thread an output element");
+    const int kvh = h0 / (d.n_heads / d.n_kv_heads), length = pos + 1, kv_stride = d.n_kv_heads * HD;
+    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
+    const int g = threadIdx.x / HD, dcol = threadIdx.x % HD;
+    const int j0 = c * ATTN_CHUNK, rows = PLAIN ? ATTN_CHUNK : min(ATTN_CHUNK, length - j0);
+    const float4* q4 = reinterpret_cast<const float4*>(sh.q);
+    const float4* knew4 = reinterpret_cast<const float4*>(sh.knew);
+    float vcol[ATTN_V_COL];
+    attn_load_v_col<PLAIN>(vcol, v_cache, sh.vnew, pos, j0, 0, rows, g, dcol, groups, kv_stride, kvh, HD);
+    float s[RW];
+#pragma unroll
+    for (int u = 0; u < RW; ++u) s[u] = 0.0f;
+    const float4* kbase = reinterpret_cast<const float4*>(k_cache + (size_t)j0 * kv_stride + kvh * HD);
+#pragma unroll
+    for (int i = lane; i < hd4; i += TT_WARP) {
+        float4 k[RW];
+#pragma unroll
+        for (int u = 0; u < RW; ++u) {
+            const int r = warp + u * ATTN_SPLIT_WARPS;
+            k[u] = kbase[(size_t)(PLAIN || r < rows ? r : 0) * (kv_stride / 4) + i];
+        }
+        if (!PLAIN) {
+#pragma unroll
+            for (int u = 0; u < RW; ++u)
+                if (j0 + warp + u * ATTN_SPLIT_WARPS == pos) k[u] = knew4[i];
+        }
+        const float4 qq = q4[i];
+#pragma unroll
+        for (int u = 0; u < RW; ++u) {
+            s[u] = fmaf(qq.x, k[u].x, s[u]);
+            s[u] = fmaf(qq.y, k[u].y, s[u]);
+            s[u] = fmaf(qq.z, k[u].z, s[u]);
+            s[u] = fmaf(qq.w, k[u].w, s[u]);
+        }
+    }
+    TT_MARK(mark + 4);
+    const float score = warp_sums_scattered<RW>(s);
+    TT_MARK(mark + 5);
+    if (lane % (TT_WARP / RW) == 0) {  // one lane for each row: lane 8u holds row u's sum
+        const int r = warp + lane / (TT_WARP / RW) * ATTN_SPLIT_WARPS;
+        sh.p[r] = PLAIN || r < rows ? score * d.scale : -INFINITY;
+    }
+    __syncthreads();
+    TT_MARK(mark + 6);
+    const float s0 = sh.p[lane];
+    const float m = warp_max(s0);
+    const float e0 = PLAIN || lane < rows ? expf(s0 - m) : 0.0f;
+    const float l = warp_sum(e0);
+    float* pw = sh.weights + warp * ATTN_CHUNK;
+    pw[GROUPED ? (lane % groups) * ATTN_V_COL + lane / groups : lane] = e0;
+    __syncwarp();
+    TT_MARK(mark + 7);
+    float acc = 0.0f;
+#pragma unroll
+    for (int t0 = 0; t0 < ATTN_CHUNK; t0 += col_rows) {
+        if (!PLAIN && t0 >= rows) break;
+        if (t0 > 0)
+            attn_load_v_col<PLAIN>(vcol, v_cache, sh.vnew, pos, j0, t0, rows, g, dcol, groups, kv_stride, kvh, HD);
+#pragma unroll
+        for (int q = 0; q < ATTN_V_COL / 4; ++q) {  // rows of k = 4q .. 4q + 3
+            float w[4];
+            if constexpr (GROUPED) {
+                const float4 w4 = reinterpret_cast<const float4*>(pw + g * ATTN_V_COL)[q];
+                w[0] = w4.x, w[1] = w4.y, w[2] = w4.z, w[3] = w4.w;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) w[j] = pw[min(t0 + g + (4 * q + j) * groups, ATTN_CHUNK - 1)];
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int r = t0 + g + (4 * q + j) * groups;
+                if (PLAIN || r < rows) acc = fmaf(w[j], vcol[4 * q + j], acc);
+            }
+        }
+    }
+    sh.red[g * HD + dcol] = acc;
+    __syncthreads();
+    TT_MARK(mark + 8);
+    if (threadIdx.x < HD) {
+        const int hh = threadIdx.x / HD, e = threadIdx.x % HD;
+        const float* red = sh.red + hh * ATTN_SPLIT_THREADS;
+        float* rec = to.at(h0 + hh, c, d);
+        float sum = red[e];
+        for (int i = 1; i < groups; ++i) sum += red[i * HD + e];  // ascending group order
+        rec[2 + e] = sum;
+        if (e == 0) {
+            rec[0] = m;
+            rec[1] = l;
+        }
+    }
+    __syncthreads();  // p, weights and red are reused by the next chunk; the records are written
+}
+
+template <int HD>
+__device__ __forceinline__ void attn_chunk_record_for(const float* __restrict__ k_cache,
+                                                      const float* __restrict__ v_cache, const AttnRecords& to, int h,
+                                                      int c, int pos, const AttnDims& d, AttnShared& sh, int mark) {
+    if constexpr (HD > 0) {
+        constexpr bool can_be_plain = ATTN_V_COL * (ATTN_SPLIT_THREADS / HD) <= ATTN_CHUNK;
+        const AttnHeadsScratch scratch{sh.q, sh.p, &sh.weights[0][0], sh.red, sh.knew, sh.vnew};
+        if (can_be_plain && (c + 1) * ATTN_CHUNK <= pos)  // uniform
+            attn_chunk_records_hd_form<HD, can_be_plain>(k_cache, v_cache, to, h, c, pos, d, scratch, mark);
+        else
+            attn_chunk_records_hd_form<HD, false>(k_cache, v_cache, to, h, c, pos, d, scratch, mark);
+    } else
+        attn_chunk_record(k_cache, v_cache, to, h, c, pos, d, sh, mark);
 }
 
 // The merge of attn_count_and_merge up to ATTN_MERGE_SPLIT chunks: every chunk's (m, l) into shared memory and each
@@ -478,8 +639,8 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
                                      rope, h, pos, scores_pos, first_row, min(ATTN_CHUNK, length - first_row), d, sh,
                                      mark);
             for (int c = blockIdx.y; c < n_chunks; c += blocks)  // uniform across the block
-                attn_chunk_record<(HD > 0)>(k_cache, v_cache, AttnRecords{partial, records, in_cluster}, h, c, pos, d,
-                                            sh, mark);
+                attn_chunk_record_for<HD>(k_cache, v_cache, AttnRecords{partial, records, in_cluster}, h, c, pos, d, sh,
+                                          mark);
         }
         if (!in_cluster) {
             attn_count_and_merge(partial, out, done, h, n_chunks, working, d, sh, merge_ml[0], merge_ml[1], mark);
@@ -501,7 +662,7 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
     attn_prepare_head<false>(qkv, q_norm != nullptr, k_norm != nullptr, q_norm_d, k_norm_d, k_cache, v_cache, rope, h,
                              pos, scores_pos, first_row, min(ATTN_CHUNK, length - first_row), d, sh, mark);
     for (int c = blockIdx.y; c < n_chunks; c += blocks)  // uniform across the block
-        attn_chunk_record<(HD > 0)>(k_cache, v_cache, AttnRecords{partial, nullptr, false}, h, c, pos, d, sh, mark);
+        attn_chunk_record_for<HD>(k_cache, v_cache, AttnRecords{partial, nullptr, false}, h, c, pos, d, sh, mark);
     attn_count_and_merge(partial, out, done, h, n_chunks, working, d, sh, merge_ml[0], merge_ml[1], mark);
 }
 

@@ -710,7 +710,9 @@ def test_decode_attention(
     assert np.array_equal(dev.get(kp, F32, (ctx, kv, hd))[pos0], caches[0][0][pos0])
 
 
-@pytest.mark.parametrize(("hd", "pos0", "count"), [(128, 700, 4), (128, 100, 3), (64, 1500, 2), (16, 60, 4)])
+@pytest.mark.parametrize(
+    ("hd", "pos0", "count"), [(128, 700, 4), (128, 100, 3), (128, 1500, 3), (64, 1500, 2), (16, 60, 4)]
+)
 def test_decode_attention_chain_gives_each_token_a_single_steps_bits(
     dev: Device, rng: np.random.Generator, hd: int, pos0: int, count: int
 ) -> None:
