@@ -287,7 +287,8 @@ __device__ __forceinline__ float warp_sums_scattered(float (&x)[N]) {
 
 // Where attn_chunk_records_hd_form keeps the head's chunk state in shared memory: its q (HD floats), scores
 // (ATTN_CHUNK), softmax weights (ATTN_SPLIT_WARPS x ATTN_CHUNK, 16-byte aligned) and V partial sums
-// (ATTN_SPLIT_THREADS); the new token's k and v.
+// (ATTN_SPLIT_THREADS); the new token's k and v. (Passing AttnShared itself compiled to other machine code, with
+// 12-16 bytes spilled, than the form #91 measured; so did dropping the head index hh, always 0, from the records.)
 struct AttnHeadsScratch {
     const float* q;
     float* p;
