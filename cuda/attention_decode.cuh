@@ -261,14 +261,14 @@ __device__ __forceinline__ void attn_chunk_record(const float* __restrict__ k_ca
     __syncthreads();  // p, weights and red are reused by the next chunk; the records are written
 }
 
-// The warp sums of N values a lane (N = 4 or 8), each with warp_sum's additions and so bit-identical to it (a
-// butterfly's two lanes add the same two values), in fewer shuffles: at each of the first log2 N levels a lane keeps
-// half of its values and trades the other half with its partner, which keeps those; the last levels are warp_sum's.
-// Lane l ends with the sum of value (l >> (5 - log2 N)) % N.
+// The warp sums of 4 values a lane, each with warp_sum's additions and so bit-identical to it (a butterfly's two
+// lanes add the same two values), in 6 shuffles instead of 20: at each of the first two levels a lane keeps half of
+// its values and trades the other half with its partner, which keeps those; the last levels are warp_sum's.
+// Lane l ends with the sum of value (l >> 3) % 4.
 template <int N>
 __device__ __forceinline__ float warp_sums_scattered(float (&x)[N]) {
-    static_assert(N == 4 || N == 8, "two or three trading levels");
-    constexpr int LEVELS = N == 8 ? 3 : 2;
+    static_assert(N == 4, "two trading levels: four values a lane");
+    constexpr int LEVELS = 2;
     const int lane = threadIdx.x % TT_WARP;
 #pragma unroll
     for (int level = 0; level < LEVELS; ++level) {
@@ -618,7 +618,8 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
     const int pos = host_or_device(pos_ptr, pos_host), length = pos + 1;
     const int n_chunks = (length + ATTN_CHUNK - 1) / ATTN_CHUNK;
     const int last_chunk = pos / ATTN_CHUNK;
-    const bool scores_pos = (unsigned)last_chunk % (unsigned)blocks == blockIdx.y;  // uniform: this block scores row pos
+    // Uniform: this block scores row pos.
+    const bool scores_pos = (unsigned)last_chunk % (unsigned)blocks == blockIdx.y;
     // Three blocks fit an SM (the launch bounds hold registers to 80), so a head's 24 blocks (the host's grid) stay
     // one wave up to 768 positions.
     // Blocks without a chunk (short contexts) leave at once, freeing their SM for the next kernel's blocks, which

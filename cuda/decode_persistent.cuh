@@ -228,7 +228,8 @@ __device__ __forceinline__ void pdec_gemv(const PdecPlan& P, int layer, int op, 
                         bv[i] = xb[base + c];
                     }
 #pragma unroll
-                    for (int i = 0; i < GSTREAM_TILE_K / 8 / TT_WARP; ++i) acc = gemv_fma_chunk(acc, wv[i], av[i], bv[i]);
+                    for (int i = 0; i < GSTREAM_TILE_K / 8 / TT_WARP; ++i)
+                        acc = gemv_fma_chunk(acc, wv[i], av[i], bv[i]);
                 } else {
 #pragma unroll 8
                     for (int c = lane; c < chunks; c += TT_WARP)

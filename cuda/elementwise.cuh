@@ -7,7 +7,8 @@
 extern "C" __global__ void swiglu(const float* __restrict__ gate_up, float* __restrict__ out, int n_tokens, int inter) {
     pdl_enter();
     const size_t total = (size_t)n_tokens * inter;
-    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x) {
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
         const size_t t = idx / inter, i = idx % inter;
         const float g = gate_up[t * 2 * inter + i];
         const float u = gate_up[t * 2 * inter + inter + i];

@@ -128,7 +128,8 @@ __device__ bool edge_live(const R& t, const TrieLayout& l, int node, int e, cons
     const int child = t.word(l.edges + 4 * e + 1);
     if (child < l.n_nodes) {
         const int lo = t.word(l.edges + 4 * e + 2), hi = t.word(l.edges + 4 * e + 3);
-        const int avail = n_allowed < 0 ? hi - lo : lower_bound(allowed, n_allowed, hi) - lower_bound(allowed, n_allowed, lo);
+        const int avail =
+            n_allowed < 0 ? hi - lo : lower_bound(allowed, n_allowed, hi) - lower_bound(allowed, n_allowed, lo);
         int used = 0;
         for (int i = 0; i < n_spent; ++i) used += (spent[i] >= lo && spent[i] < hi);
         return avail > used;
