@@ -1,0 +1,400 @@
+// How close to HBM bandwidth can a decode step's GEMVs run when one kernel streams the weights without ever waiting
+// on the data? A probe for the design after the persistent decode kernel (docs/cuda-speed-notes.md #58-#64, #93):
+// there each warp's ring of 2-3 pieces was full while a phase's last blocks finished, so HBM idled through every
+// grid barrier. Here one producer thread per block streams the block's share of every layer's weights, phase after
+// phase, into a ring of `stages` 16 KB slots (cp.async.bulk, counted on mbarriers); it waits only for free slots,
+// never for a phase's input, so the ring fills through the barriers. The consumer warps wait for the phase's input
+// (a grid-wide barrier on a counter), stage it in shared memory, and reduce the landed rows against it.
+//
+// Shapes: Qwen3-1.7B's four GEMVs a layer (qkv 4096 x 2048, o 2048 x 2048, gate|up 12288 x 2048, down 2048 x 6144,
+// bf16), 28 layers, each phase's input being the first K outputs of the phase before (fp32). No attention, norms
+// or residuals: the question is the weight stream's rate across dependent phases. A slot holds 16 KB / (2 K) whole
+// rows (4 rows of 2,048, one of 6,144); slot tiles are dealt to blocks round robin, the start rotating so that no
+// block takes every phase's extra tile.
+//
+// Modes: barrier (the phases' dependency, as in a decode step), gap (barrier, and each block waits 5 µs after a
+// layer's qkv phase before it arrives: decode attention's place at short contexts, with no weights), free (no grid
+// waits: the stream and the arithmetic alone), arithmetic (free, with the input staged once, not each phase: the
+// products alone keeping pace with the stream), copy (consumers release slots without reading them: the copy unit's
+// stream alone), compute (arithmetic on whatever the slots hold, with no copies and no waits: the consumers' own
+// rate). For each mode, ring depth and consumer-warp count (one warp serves each slot), prints microseconds
+// per layer and the weight bytes' rate against a device-to-device copy, as JSON. Checks the last phase's outputs
+// against a double-precision host product of the device's own inputs (barrier mode), and fails when they differ.
+//   nvcc -arch=sm_90 -O3 -std=c++17 -o build/gpu_stream_probe bench/gpu_stream_probe.cu && build/gpu_stream_probe
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#define CHECK(x)                                                                             \
+    do {                                                                                     \
+        cudaError_t e = (x);                                                                 \
+        if (e != cudaSuccess) {                                                              \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
+            return 1;                                                                        \
+        }                                                                                    \
+    } while (0)
+
+constexpr int SLOT_BYTES = 16384;
+constexpr int MAX_STAGES = 12;
+constexpr int MAX_K = 6144;
+constexpr int MAX_N = 12288;
+constexpr int PHASES_PER_LAYER = 4;
+
+enum Mode { BARRIER = 0, FREE = 1, COPY = 2, ARITHMETIC = 3, COMPUTE = 4 };
+
+struct PhaseShape {
+    int n, k, rows_per_slot;
+    long long offset;  // elements from the layer's start
+};
+
+struct ProbeParams {
+    PhaseShape shape[PHASES_PER_LAYER];
+    long long layer_elems;
+    int layers, stages, mode;
+    long long gap_ns;  // after each layer's first phase, the block waits this long (attention's place)
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n"
+        "}\n" ::"r"(smem_u32(bar)),
+        "r"(parity)
+        : "memory");
+}
+
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+        ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(pol)
+        : "memory");
+}
+
+__device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// Named barrier 1 among the consumer warps only (the producer warp never joins it).
+__device__ __forceinline__ void consumers_sync(int consumer_threads) {
+    asm volatile("bar.sync 1, %0;" ::"r"(consumer_threads) : "memory");
+}
+
+// This block's first slot tile of a phase whose tiles are dealt from block `rotation % gridDim.x` on: the block owns
+// tiles first, first + gridDim.x, ... of the phase.
+__device__ __forceinline__ int first_tile(int rotation) {
+    return ((int)blockIdx.x - rotation % (int)gridDim.x + (int)gridDim.x) % (int)gridDim.x;
+}
+
+// R rows of K columns from a slot: lane l takes the rows' 16-byte chunks l, l + 32, ..., as the engine's GEMVs do.
+template <int R, int K>
+__device__ __forceinline__ void reduce_rows(const unsigned char* slot, const float* xs, float* y, int row0, int lane) {
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    const uint4* w = reinterpret_cast<const uint4*>(slot);
+    const float4* x4 = reinterpret_cast<const float4*>(xs);
+    constexpr int chunks = K / 8;
+#pragma unroll 4
+    for (int c = lane; c < chunks; c += 32) {
+        const float4 xa = x4[c], xb = x4[chunks + c];  // stage_input's layout: lanes read consecutive float4s
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const uint4 u = w[r * chunks + c];
+            const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+            const float2 f0 = __bfloat1622float2(h[0]), f1 = __bfloat1622float2(h[1]);
+            const float2 f2 = __bfloat1622float2(h[2]), f3 = __bfloat1622float2(h[3]);
+            acc[r] = fmaf(f0.x, xa.x, acc[r]);
+            acc[r] = fmaf(f0.y, xa.y, acc[r]);
+            acc[r] = fmaf(f1.x, xa.z, acc[r]);
+            acc[r] = fmaf(f1.y, xa.w, acc[r]);
+            acc[r] = fmaf(f2.x, xb.x, acc[r]);
+            acc[r] = fmaf(f2.y, xb.y, acc[r]);
+            acc[r] = fmaf(f3.x, xb.z, acc[r]);
+            acc[r] = fmaf(f3.y, xb.w, acc[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) y[row0 + r] = acc[r];
+    }
+}
+
+// The phase's input (K floats, written by every block in the phase before) into shared memory, up to 8 float4s a
+// thread in flight at once (with one load at a time the 6,144-wide input took 16 L2 round trips), laid out as the
+// first halves of the 8-float chunks, then their second halves: a warp reading chunk c's halves for lanes c, c + 1,
+// ... reads consecutive float4s, where the plain layout's 32-byte stride took twice the shared-memory wavefronts.
+__device__ __forceinline__ void stage_input(const float* x, float* xs, int k, int consumer_threads) {
+    constexpr int PER_THREAD = 8;
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    float4* xs4 = reinterpret_cast<float4*>(xs);
+    const int n4 = k / 4;
+    for (int e0 = threadIdx.x; e0 < n4; e0 += PER_THREAD * consumer_threads) {
+        float4 v[PER_THREAD];
+#pragma unroll
+        for (int j = 0; j < PER_THREAD; ++j)
+            if (e0 + j * consumer_threads < n4) v[j] = __ldcg(x4 + e0 + j * consumer_threads);
+#pragma unroll
+        for (int j = 0; j < PER_THREAD; ++j)
+            if (const int e = e0 + j * consumer_threads; e < n4) xs4[(e % 2) * (n4 / 2) + e / 2] = v[j];
+    }
+}
+
+// Block: `consumers` warps, then one producer warp. Dynamic shared memory: the ring, then the staged input.
+__global__ void __launch_bounds__(544, 1)
+    stream_layers(const __nv_bfloat16* __restrict__ weights, float* ybuf, unsigned* counter, ProbeParams p) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ uint64_t full[MAX_STAGES], empty[MAX_STAGES];
+    unsigned char* ring = smem;
+    float* xs = reinterpret_cast<float*>(smem + (size_t)p.stages * SLOT_BYTES);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int consumers = blockDim.x / 32 - 1, consumer_threads = consumers * 32;
+    const int phases = p.layers * PHASES_PER_LAYER;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < p.stages; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 1);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp == consumers) {  // the producer
+        if (lane != 0 || p.mode == COMPUTE) return;
+        uint64_t policy;
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+        int i = 0, rotation = 0;
+        for (int ph = 0; ph < phases; ++ph) {
+            const PhaseShape s = p.shape[ph % PHASES_PER_LAYER];
+            const int n_tiles = s.n / s.rows_per_slot;
+            const uint32_t bytes = (uint32_t)s.rows_per_slot * s.k * 2;
+            const __nv_bfloat16* base = weights + (ph / PHASES_PER_LAYER) * p.layer_elems + s.offset;
+            for (int t = first_tile(rotation); t < n_tiles; t += gridDim.x, ++i) {
+                const int slot = i % p.stages;
+                if (i >= p.stages) mbar_wait(&empty[slot], ((i / p.stages) - 1) & 1);
+                mbar_arrive_expect_tx(&full[slot], bytes);
+                bulk_copy(ring + (size_t)slot * SLOT_BYTES, base + (size_t)t * s.rows_per_slot * s.k, bytes,
+                          &full[slot], policy);
+            }
+            rotation += n_tiles;
+        }
+        return;
+    }
+
+    int i = 0, rotation = 0;
+    for (int ph = 0; ph < phases; ++ph) {
+        const PhaseShape s = p.shape[ph % PHASES_PER_LAYER];
+        const int n_tiles = s.n / s.rows_per_slot;
+        const float* x = ybuf + ((ph + 1) & 1) * MAX_N;  // the phase before's outputs
+        float* y = ybuf + (ph & 1) * MAX_N;
+        if (p.mode == BARRIER && ph > 0) {
+            if (threadIdx.x == 0) {
+                const unsigned target = (unsigned)ph * gridDim.x;
+                while (ld_relaxed(counter) < target) {
+                }
+                asm volatile("fence.acq_rel.gpu;" ::: "memory");
+            }
+            consumers_sync(consumer_threads);
+        }
+        const bool staged_once = p.mode == ARITHMETIC || p.mode == COMPUTE;
+        if (p.mode == BARRIER || p.mode == FREE || (staged_once && ph == 0)) {
+            stage_input(x, xs, staged_once ? MAX_K : s.k, consumer_threads);
+            consumers_sync(consumer_threads);
+        }
+        for (int t = first_tile(rotation); t < n_tiles; t += gridDim.x, ++i) {
+            // One warp serves each slot, so it meets the slot's uses in order: a parity wait tells use u from use
+            // u + 2 only if no warp can run ahead of the slot's previous use.
+            const int slot = i % p.stages;
+            if (slot % consumers != warp) continue;
+            if (p.mode != COMPUTE) mbar_wait(&full[slot], (i / p.stages) & 1);
+            if (p.mode != COPY) {
+                const unsigned char* tile = ring + (size_t)slot * SLOT_BYTES;
+                if (s.k == 2048)
+                    reduce_rows<4, 2048>(tile, xs, y, t * 4, lane);
+                else
+                    reduce_rows<1, 6144>(tile, xs, y, t, lane);
+            }
+            __syncwarp();
+            if (lane == 0 && p.mode != COMPUTE) mbar_arrive(&empty[slot]);
+        }
+        rotation += n_tiles;
+        if (!staged_once)  // xs is free again; this block's outputs of the phase are written
+            consumers_sync(consumer_threads);
+        if (p.gap_ns > 0 && ph % PHASES_PER_LAYER == 0 && threadIdx.x == 0) {
+            long long t0, t;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+            do {
+                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            } while (t - t0 < p.gap_ns);
+        }
+        if (p.mode == BARRIER && threadIdx.x == 0)
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+    }
+}
+
+__global__ void fill_weights(__nv_bfloat16* w, long long n, float scale, uint32_t seed) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n; e += stride) {
+        uint32_t h = (uint32_t)e * 2654435761u ^ seed * 40503u;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        w[e] = __float2bfloat16(((float)(h & 0xffff) / 32768.0f - 1.0f) * scale);
+    }
+}
+
+int main() {
+    int sms = 0;
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    ProbeParams p{};
+    const int dims[PHASES_PER_LAYER][2] = {{4096, 2048}, {2048, 2048}, {12288, 2048}, {2048, 6144}};
+    long long offset = 0;
+    for (int j = 0; j < PHASES_PER_LAYER; ++j) {
+        p.shape[j] = {dims[j][0], dims[j][1], SLOT_BYTES / (2 * dims[j][1]), offset};
+        offset += (long long)dims[j][0] * dims[j][1];
+    }
+    p.layer_elems = offset;
+    p.layers = 28;
+    const long long total = p.layer_elems * p.layers;
+    const double weight_bytes = 2.0 * (double)total;
+
+    __nv_bfloat16* w;
+    float* ybuf;
+    unsigned* counter;
+    CHECK(cudaMalloc(&w, total * sizeof(__nv_bfloat16)));
+    CHECK(cudaMalloc(&ybuf, 2 * MAX_N * sizeof(float)));
+    CHECK(cudaMalloc(&counter, sizeof(unsigned)));
+    for (int l = 0; l < p.layers; ++l) {
+        for (int j = 0; j < PHASES_PER_LAYER; ++j) {  // uniform, with a product's spread about its input's
+            const PhaseShape& s = p.shape[j];
+            fill_weights<<<4 * sms, 256>>>(w + l * p.layer_elems + s.offset, (long long)s.n * s.k,
+                                           std::sqrt(3.0f / s.k), l * PHASES_PER_LAYER + j);
+        }
+    }
+    CHECK(cudaGetLastError());
+    std::vector<float> y0(2 * MAX_N);
+    for (int e = 0; e < 2 * MAX_N; ++e) y0[e] = std::sin(0.37f * e);
+    cudaStream_t st;
+    CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaEvent_t a, b;
+    CHECK(cudaEventCreate(&a));
+    CHECK(cudaEventCreate(&b));
+
+    // The reference rate: a device-to-device copy of 2 GiB, bytes read plus written.
+    const size_t copy_bytes = (size_t)2 << 30;
+    void *src, *dst;
+    CHECK(cudaMalloc(&src, copy_bytes));
+    CHECK(cudaMalloc(&dst, copy_bytes));
+    CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, st));
+    CHECK(cudaEventRecord(a, st));
+    for (int r = 0; r < 5; ++r) CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, st));
+    CHECK(cudaEventRecord(b, st));
+    CHECK(cudaEventSynchronize(b));
+    float copy_ms;
+    CHECK(cudaEventElapsedTime(&copy_ms, a, b));
+    const double copy_rate = 2.0 * copy_bytes * 5 / (copy_ms * 1e-3);
+    CHECK(cudaFree(src));
+    CHECK(cudaFree(dst));
+
+    CHECK(cudaFuncSetAttribute(stream_layers, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               MAX_STAGES * SLOT_BYTES + MAX_K * 4));
+    cudaDeviceProp prop;
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    printf("{\"device\": \"%s\", \"blocks\": %d, \"layers\": %d, \"weight_bytes\": %.0f, \"copy_TBps\": %.3f, "
+           "\"floor_us_per_layer\": %.3f, \"runs\": [",
+           prop.name, sms, p.layers, weight_bytes, copy_rate / 1e12, weight_bytes / copy_rate * 1e6 / p.layers);
+    const int modes[] = {BARRIER, BARRIER, FREE, ARITHMETIC, COPY, COMPUTE};
+    const long long gaps[] = {0, 5000, 0, 0, 0, 0};
+    const char* mode_names[] = {"barrier", "gap", "free", "arithmetic", "copy", "compute"};
+    const int configs[][2] = {{2, 2}, {4, 4}, {8, 4}, {8, 8}, {12, 4}, {12, 6}, {12, 12}};  // stages, consumer warps
+    bool first = true, checked = false;
+    double worst_error = 0.0;
+    for (int m = 0; m < 6; ++m) {
+        const int mode = modes[m];
+        for (const auto& config : configs) {
+            const int stages = config[0], consumers = config[1];
+            p.mode = mode;
+            p.gap_ns = gaps[m];
+            p.stages = stages;
+            const size_t shmem = (size_t)stages * SLOT_BYTES + MAX_K * 4;
+            const int repeats = 20;
+            float ms = 0;
+            for (int r = -1; r < repeats; ++r) {
+                CHECK(cudaMemcpyAsync(ybuf, y0.data(), y0.size() * sizeof(float), cudaMemcpyHostToDevice, st));
+                CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned), st));
+                CHECK(cudaEventRecord(a, st));
+                void* args[] = {&w, &ybuf, &counter, &p};
+                CHECK(cudaLaunchCooperativeKernel((void*)stream_layers, dim3(sms), dim3((consumers + 1) * 32),
+                                                  args, shmem, st));
+                CHECK(cudaEventRecord(b, st));
+                CHECK(cudaEventSynchronize(b));
+                float one;
+                CHECK(cudaEventElapsedTime(&one, a, b));
+                if (r >= 0) ms += one;
+            }
+            ms /= repeats;
+            if (mode == BARRIER) {  // the last phase (down) against the host, from the device's own input
+                const PhaseShape s = p.shape[PHASES_PER_LAYER - 1];
+                const int last = p.layers * PHASES_PER_LAYER - 1;
+                std::vector<float> y(2 * MAX_N);
+                std::vector<__nv_bfloat16> wl((size_t)s.n * s.k);
+                CHECK(cudaMemcpy(y.data(), ybuf, y.size() * sizeof(float), cudaMemcpyDeviceToHost));
+                CHECK(cudaMemcpy(wl.data(), w + (p.layers - 1) * p.layer_elems + s.offset,
+                                 wl.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+                const float* x = y.data() + ((last + 1) & 1) * MAX_N;
+                const float* out = y.data() + (last & 1) * MAX_N;
+                for (int row = 0; row < s.n; ++row) {
+                    double ref = 0.0, mag = 0.0;
+                    for (int c = 0; c < s.k; ++c) {
+                        const double t = (double)__bfloat162float(wl[(size_t)row * s.k + c]) * x[c];
+                        ref += t;
+                        mag += std::fabs(t);
+                    }
+                    worst_error = std::fmax(worst_error, std::fabs(out[row] - ref) / (mag + 1e-30));
+                }
+                checked = true;
+            }
+            printf("%s{\"mode\": \"%s\", \"stages\": %d, \"consumer_warps\": %d, \"us_per_layer\": %.3f, "
+                   "\"weight_TBps\": %.3f}",
+                   first ? "" : ", ", mode_names[m], stages, consumers, ms * 1e3 / p.layers,
+                   weight_bytes / (ms * 1e-3) / 1e12);
+            first = false;
+        }
+    }
+    printf("], \"checked\": %s, \"worst_relative_error\": %.3g}\n", checked ? "true" : "false", worst_error);
+    if (!checked || !(worst_error < 1e-5)) {
+        fprintf(stderr, "the probe's products differ from the host's (worst relative error %.3g)\n", worst_error);
+        return 1;
+    }
+    return 0;
+}
