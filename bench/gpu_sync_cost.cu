@@ -10,14 +10,7 @@
 #include <cstdio>
 #include <cuda_runtime.h>
 
-#define CHECK(x)                                                                             \
-    do {                                                                                     \
-        cudaError_t e = (x);                                                                 \
-        if (e != cudaSuccess) {                                                              \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-            return 1;                                                                        \
-        }                                                                                    \
-    } while (0)
+#include "cuda_check.h"
 
 __device__ __forceinline__ void phase_work(float* buf, int phase) {
     // one dependent L2 round trip per block: read what the previous phase wrote, write for the next
