@@ -287,18 +287,18 @@ def stream_probe_lines(probe: dict[str, object]) -> list[str]:
         f"{probe['floor_us_per_layer']:.2f} µs per layer at the device-to-device copy rate, "
         f"{probe['copy_TBps']:.2f} TB/s. Modes: barrier (a grid-wide barrier between phases), gap (barrier, plus 5 µs "
         "a layer after qkv, attention's place), free (no barrier), arithmetic (free, the input staged once), copy "
-        "(slots released unread), compute (the consumers alone, no copies); inputs in registers: each lane's 64 inputs "
-        "of a 2,048-wide phase held for the phase instead of read with each slot. Products checked "
+        "(slots released unread), compute (the consumers alone, no copies); weights unpacked from bf16 by a shift "
+        "and a mask (as the engine's GEMVs) or by conversion instructions (cvt). Products checked "
         f"against the host: {'yes' if probe.get('checked') else 'no'}, worst relative error "
         f"{probe.get('worst_relative_error', float('nan')):.2g}.",
         "",
-        "| mode | inputs in registers | ring slots | consumer warps | µs per layer | weight TB/s |",
+        "| mode | unpacked by | ring slots | consumer warps | µs per layer | weight TB/s |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for run in runs:
-        held = "yes" if run.get("x_in_registers") else "no"
+        unpack = "cvt" if run.get("unpack_with_cvt") else "shift"
         lines.append(
-            f"| {run['mode']} | {held} | {run['stages']} | {run['consumer_warps']} | {run['us_per_layer']:.2f} | "
+            f"| {run['mode']} | {unpack} | {run['stages']} | {run['consumer_warps']} | {run['us_per_layer']:.2f} | "
             f"{run['weight_TBps']:.2f} |"
         )
     return lines

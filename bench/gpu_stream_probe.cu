@@ -17,8 +17,8 @@
 // waits: the stream and the arithmetic alone), arithmetic (free, with the input staged once, not each phase: the
 // products alone keeping pace with the stream), copy (consumers release slots without reading them: the copy unit's
 // stream alone), compute (arithmetic on whatever the slots hold, with no copies and no waits: the consumers' own
-// rate). Each mode but copy runs twice: the inputs read from shared memory with each slot, and (x_in_registers)
-// each lane's 64 inputs of a 2,048-wide phase held in registers for the phase. For each, ring depth and consumer-warp
+// rate). Each mode but copy runs twice: the weights unpacked from bf16 by a shift and a mask, as the engine's GEMVs
+// do, and (unpack_with_cvt) by __bfloat1622float2's conversion instructions. For each, ring depth and consumer-warp
 // count (one warp serves each slot), prints microseconds per layer and the weight bytes' rate against a device-to-
 // device copy, as JSON. Checks a down and a gate|up phase's outputs against a double-precision host product of the
 // device's own inputs (barrier mode), and fails when they differ.
@@ -51,7 +51,7 @@ struct PhaseShape {
 struct ProbeParams {
     PhaseShape shape[PHASES_PER_LAYER];
     long long layer_elems;
-    int layers, phases, stages, mode, x_in_registers;
+    int layers, phases, stages, mode, unpack_with_cvt;
     long long gap_ns;  // after each layer's first phase, the block waits this long (attention's place)
 };
 
@@ -66,11 +66,22 @@ __device__ __forceinline__ int first_tile(int rotation) {
     return ((int)blockIdx.x - rotation % (int)gridDim.x + (int)gridDim.x) % (int)gridDim.x;
 }
 
-// acc plus the 8 bf16 weights of u times xa's then xb's values, in order.
+// acc plus the 8 bf16 weights of u times xa's then xb's values, in order. The weights are unpacked with a shift and a
+// mask (common.cuh's bf16x2_to_float, as the engine's GEMVs do), or WITH_CVT by the conversion instructions that
+// __bfloat1622float2 compiles to.
+template <bool WITH_CVT>
 __device__ __forceinline__ float dot8(const uint4& u, const float4& xa, const float4& xb, float acc) {
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-    const float2 f0 = __bfloat1622float2(h[0]), f1 = __bfloat1622float2(h[1]);
-    const float2 f2 = __bfloat1622float2(h[2]), f3 = __bfloat1622float2(h[3]);
+    float2 f0, f1, f2, f3;
+    if constexpr (WITH_CVT) {
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+        f0 = __bfloat1622float2(h[0]), f1 = __bfloat1622float2(h[1]);
+        f2 = __bfloat1622float2(h[2]), f3 = __bfloat1622float2(h[3]);
+    } else {
+        bf16x2_to_float(u.x, f0.x, f0.y);
+        bf16x2_to_float(u.y, f1.x, f1.y);
+        bf16x2_to_float(u.z, f2.x, f2.y);
+        bf16x2_to_float(u.w, f3.x, f3.y);
+    }
     acc = fmaf(f0.x, xa.x, acc);
     acc = fmaf(f0.y, xa.y, acc);
     acc = fmaf(f1.x, xa.z, acc);
@@ -96,7 +107,7 @@ __device__ __forceinline__ void write_rows(float (&acc)[R], float* y, int row0, 
 }
 
 // R rows of K columns from a slot: lane l takes the rows' 16-byte chunks l, l + 32, ..., as the engine's GEMVs do.
-template <int R, int K>
+template <int R, int K, bool WITH_CVT>
 __device__ __forceinline__ void reduce_rows(const unsigned char* slot, const float* xs, float* y, int row0, int lane) {
     float acc[R];
 #pragma unroll
@@ -108,34 +119,9 @@ __device__ __forceinline__ void reduce_rows(const unsigned char* slot, const flo
     for (int c = lane; c < chunks; c += 32) {
         const float4 xa = x4[c], xb = x4[chunks + c];  // stage_input's layout: lanes read consecutive float4s
 #pragma unroll
-        for (int r = 0; r < R; ++r) acc[r] = dot8(w[r * chunks + c], xa, xb, acc[r]);
+        for (int r = 0; r < R; ++r) acc[r] = dot8<WITH_CVT>(w[r * chunks + c], xa, xb, acc[r]);
     }
     write_rows<R>(acc, y, row0, lane);
-}
-
-// Lane l's 64 inputs of a 2,048-wide phase (chunks l, l + 32, ..., the same for every row of the phase).
-__device__ __forceinline__ void load_lane_inputs(const float* xs, float4 (&xr)[16], int lane) {
-    const float4* x4 = reinterpret_cast<const float4*>(xs);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        xr[2 * j] = x4[lane + 32 * j];
-        xr[2 * j + 1] = x4[256 + lane + 32 * j];
-    }
-}
-
-// reduce_rows<4, 2048> with the lane's inputs held in registers: read from shared memory once a phase, not once a
-// slot.
-__device__ __forceinline__ void reduce_rows_held(const unsigned char* slot, const float4 (&xr)[16], float* y, int row0,
-                                                 int lane) {
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    const uint4* w = reinterpret_cast<const uint4*>(slot);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const float4 xa = xr[2 * j], xb = xr[2 * j + 1];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[r] = dot8(w[r * 256 + lane + 32 * j], xa, xb, acc[r]);
-    }
-    write_rows<4>(acc, y, row0, lane);
 }
 
 // The phase's input (K floats, written by every block in the phase before) into shared memory, up to 8 float4s a
@@ -218,9 +204,6 @@ __global__ void __launch_bounds__(288, 1)
             stage_input(x, xs, staged_once ? MAX_K : s.k, consumer_threads);
             consumers_sync(consumer_threads);
         }
-        float4 xr[16];
-        const bool held = p.x_in_registers && s.k == 2048;
-        if (held) load_lane_inputs(xs, xr, lane);
         for (int t = first_tile(rotation); t < n_tiles; t += gridDim.x, ++i) {
             // One warp serves each slot, so it meets the slot's uses in order: a parity wait tells use u from use
             // u + 2 only if no warp can run ahead of the slot's previous use.
@@ -229,12 +212,14 @@ __global__ void __launch_bounds__(288, 1)
             if (p.mode != COMPUTE) mbar_wait(&full[slot], (i / p.stages) & 1);
             if (p.mode != COPY) {
                 const unsigned char* tile = ring + (size_t)slot * SLOT_BYTES;
-                if (held)
-                    reduce_rows_held(tile, xr, y, t * 4, lane);
+                if (s.k == 2048 && p.unpack_with_cvt)
+                    reduce_rows<4, 2048, true>(tile, xs, y, t * 4, lane);
                 else if (s.k == 2048)
-                    reduce_rows<4, 2048>(tile, xs, y, t * 4, lane);
+                    reduce_rows<4, 2048, false>(tile, xs, y, t * 4, lane);
+                else if (p.unpack_with_cvt)
+                    reduce_rows<1, 6144, true>(tile, xs, y, t, lane);
                 else
-                    reduce_rows<1, 6144>(tile, xs, y, t, lane);
+                    reduce_rows<1, 6144, false>(tile, xs, y, t, lane);
             }
             __syncwarp();
             if (lane == 0 && p.mode != COMPUTE) mbar_arrive(&empty[slot]);
@@ -369,15 +354,15 @@ int main() {
         ++checks;
         return 0;
     };
-    for (int held = 0; held < 2; ++held) {
+    for (int cvt = 0; cvt < 2; ++cvt) {
         for (int m = 0; m < 6; ++m) {
-            if (held && (modes[m] == COPY)) continue;  // copy reads no input
+            if (cvt && (modes[m] == COPY)) continue;  // copy unpacks nothing
             for (const auto& config : configs) {
                 const int stages = config[0], consumers = config[1];
                 p.mode = modes[m];
                 p.gap_ns = gaps[m];
                 p.stages = stages;
-                p.x_in_registers = held;
+                p.unpack_with_cvt = cvt;
                 p.phases = p.layers * PHASES_PER_LAYER;
                 const int repeats = 20;
                 float ms = 0, one;
@@ -391,9 +376,9 @@ int main() {
                     p.phases -= 1;
                     if (launch(consumers, &one) || check_last_phase()) return 1;
                 }
-                printf("%s{\"mode\": \"%s\", \"x_in_registers\": %s, \"stages\": %d, \"consumer_warps\": %d, "
+                printf("%s{\"mode\": \"%s\", \"unpack_with_cvt\": %s, \"stages\": %d, \"consumer_warps\": %d, "
                        "\"us_per_layer\": %.3f, \"weight_TBps\": %.3f}",
-                       first ? "" : ", ", mode_names[m], held ? "true" : "false", stages, consumers,
+                       first ? "" : ", ", mode_names[m], cvt ? "true" : "false", stages, consumers,
                        ms * 1e3 / p.layers, weight_bytes / (ms * 1e-3) / 1e12);
                 first = false;
             }
