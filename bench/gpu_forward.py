@@ -275,7 +275,10 @@ def stream_probe() -> dict[str, object]:
 
 
 def stream_probe_lines(probe: dict[str, object]) -> list[str]:
-    """The stream probe's table for results/gpu.md (nothing when it did not run)."""
+    """The stream probe's table for results/gpu.md; why it did not run, if it ran and failed; nothing if it was not
+    asked for."""
+    if "skipped" in probe:
+        return ["", f"Weight stream probe (`bench/gpu_stream_probe.cu`): not run here ({probe['skipped']})."]
     runs = probe.get("runs")
     if not runs:
         return []
