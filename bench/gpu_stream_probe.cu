@@ -23,12 +23,17 @@
 // device copy, as JSON. Checks a down and a gate|up phase's outputs against a double-precision host product of the
 // device's own inputs (barrier mode), and fails when they differ.
 //   nvcc -arch=sm_90 -O3 -std=c++17 -o build/gpu_stream_probe bench/gpu_stream_probe.cu && build/gpu_stream_probe
+// `build/gpu_stream_probe MODE STAGES WARPS` runs one configuration alone, e.g. under a profiler:
+//   ncu --set full -k stream_layers -c 1 build/gpu_stream_probe compute 8 8
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
 #include <vector>
 
 #include "../cuda/async_copy.cuh"
@@ -40,6 +45,7 @@ constexpr int MAX_STAGES = 12;
 constexpr int MAX_K = 6144;
 constexpr int MAX_N = 12288;
 constexpr int PHASES_PER_LAYER = 4;
+constexpr int MAX_CONSUMER_WARPS = 8;  // stream_layers' launch bounds: 9 warps
 
 enum Mode { BARRIER = 0, FREE = 1, COPY = 2, ARITHMETIC = 3, COMPUTE = 4 };
 
@@ -145,7 +151,7 @@ __device__ __forceinline__ void stage_input(const float* x, float* xs, int k, in
 }
 
 // Block: `consumers` warps, then one producer warp. Dynamic shared memory: the ring, then the staged input.
-__global__ void __launch_bounds__(288, 1)
+__global__ void __launch_bounds__((MAX_CONSUMER_WARPS + 1) * 32, 1)
     stream_layers(const __nv_bfloat16* __restrict__ weights, float* ybuf, unsigned* counter, ProbeParams p) {
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ uint64_t full[MAX_STAGES], empty[MAX_STAGES];
@@ -250,7 +256,22 @@ __global__ void fill_weights(__nv_bfloat16* w, long long n, float scale, uint32_
     }
 }
 
-int main() {
+int main(int argc, char** argv) {
+    // With MODE STAGES WARPS, one configuration alone (weights unpacked by shift and mask), for a profiler.
+    int only_mode = -1, only_stages = 0, only_warps = 0;
+    const char* mode_names[] = {"barrier", "gap", "free", "arithmetic", "copy", "compute"};
+    if (argc == 4) {
+        for (int m = 0; m < 6; ++m)
+            if (std::strcmp(argv[1], mode_names[m]) == 0) only_mode = m;
+        only_stages = std::atoi(argv[2]);
+        only_warps = std::atoi(argv[3]);
+    }
+    if (argc != 1 && (only_mode < 0 || only_stages < 1 || only_stages > MAX_STAGES || only_warps < 1 ||
+                      only_warps > MAX_CONSUMER_WARPS)) {
+        fprintf(stderr, "usage: %s [MODE STAGES WARPS]: MODE one of barrier, gap, free, arithmetic, copy, compute; "
+                "STAGES 1 to %d ring slots; WARPS 1 to %d consumer warps\n", argv[0], MAX_STAGES, MAX_CONSUMER_WARPS);
+        return 2;
+    }
     int sms = 0;
     CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     ProbeParams p{};
@@ -312,8 +333,8 @@ int main() {
            prop.name, sms, p.layers, weight_bytes, copy_rate / 1e12, weight_bytes / copy_rate * 1e6 / p.layers);
     const int modes[] = {BARRIER, BARRIER, FREE, ARITHMETIC, COPY, COMPUTE};
     const long long gaps[] = {0, 5000, 0, 0, 0, 0};
-    const char* mode_names[] = {"barrier", "gap", "free", "arithmetic", "copy", "compute"};
-    const int configs[][2] = {{2, 2}, {4, 4}, {8, 4}, {8, 8}, {12, 4}, {12, 6}, {12, 8}};  // stages, consumer warps
+    std::vector<std::pair<int, int>> configs = {{2, 2}, {4, 4}, {8, 4}, {8, 8}, {12, 4}, {12, 6}, {12, 8}};
+    if (only_mode >= 0) configs = {{only_stages, only_warps}};
     bool first = true;
     int checks = 0;
     double worst_error = 0.0;
@@ -354,11 +375,11 @@ int main() {
         ++checks;
         return 0;
     };
-    for (int cvt = 0; cvt < 2; ++cvt) {
+    for (int cvt = 0; cvt < (only_mode >= 0 ? 1 : 2); ++cvt) {
         for (int m = 0; m < 6; ++m) {
-            if (cvt && (modes[m] == COPY)) continue;  // copy unpacks nothing
+            if ((cvt && modes[m] == COPY) || (only_mode >= 0 && m != only_mode)) continue;  // copy unpacks nothing
             for (const auto& config : configs) {
-                const int stages = config[0], consumers = config[1];
+                const auto [stages, consumers] = config;
                 p.mode = modes[m];
                 p.gap_ns = gaps[m];
                 p.stages = stages;
@@ -386,7 +407,7 @@ int main() {
     }
     printf("], \"checked\": %s, \"checked_phases\": %d, \"worst_relative_error\": %.3g}\n",
            checks > 0 ? "true" : "false", checks, worst_error);
-    if (checks == 0 || !(worst_error < 1e-5)) {
+    if ((only_mode < 0 && checks == 0) || !(worst_error < 1e-5)) {
         fprintf(stderr, "the probe's products differ from the host's (worst relative error %.3g)\n", worst_error);
         return 1;
     }
