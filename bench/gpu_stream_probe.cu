@@ -182,8 +182,8 @@ __global__ void __launch_bounds__((MAX_CONSUMER_WARPS + 1) * 32, 1)
                 const int slot = i % p.stages;
                 if (i >= p.stages) mbar_wait(&empty[slot], ((i / p.stages) - 1) & 1);
                 mbar_arrive_expect_tx(&full[slot], bytes);
-                bulk_copy_to_shared(ring + (size_t)slot * SLOT_BYTES, base + (size_t)t * s.rows_per_slot * s.k, bytes,
-                          &full[slot], policy);
+                bulk_copy_to_shared(ring + (size_t)slot * SLOT_BYTES, base + (size_t)t * s.rows_per_slot * s.k,
+                                    bytes, &full[slot], policy);
             }
             rotation += n_tiles;
         }
