@@ -47,6 +47,9 @@ constexpr int MAX_N = 12288;
 constexpr int PHASES_PER_LAYER = 4;
 constexpr int MAX_CONSUMER_WARPS = 8;  // stream_layers' launch bounds: 9 warps
 
+// stream_layers' dynamic shared memory: the ring's slots, then the staged input.
+constexpr size_t shared_bytes(int stages) { return (size_t)stages * SLOT_BYTES + MAX_K * 4; }
+
 enum Mode { BARRIER = 0, FREE = 1, COPY = 2, ARITHMETIC = 3, COMPUTE = 4 };
 
 struct PhaseShape {
@@ -98,14 +101,11 @@ __device__ __forceinline__ float dot8(const uint4& u, const float4& xa, const fl
     return fmaf(f3.y, xb.w, acc);
 }
 
-// Each row's lane sums folded with a butterfly; lane 0 writes rows row0 .. row0 + R - 1.
+// Each row's lane sums folded with common.cuh's warp_sum; lane 0 writes rows row0 .. row0 + R - 1.
 template <int R>
 __device__ __forceinline__ void write_rows(float (&acc)[R], float* y, int row0, int lane) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
-    }
+    for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < R; ++r) y[row0 + r] = acc[r];
@@ -324,8 +324,7 @@ int main(int argc, char** argv) {
     CHECK(cudaFree(src));
     CHECK(cudaFree(dst));
 
-    CHECK(cudaFuncSetAttribute(stream_layers, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               MAX_STAGES * SLOT_BYTES + MAX_K * 4));
+    CHECK(cudaFuncSetAttribute(stream_layers, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes(MAX_STAGES)));
     cudaDeviceProp prop;
     CHECK(cudaGetDeviceProperties(&prop, 0));
     printf("{\"device\": \"%s\", \"blocks\": %d, \"layers\": %d, \"weight_bytes\": %.0f, \"copy_TBps\": %.3f, "
@@ -344,9 +343,8 @@ int main(int argc, char** argv) {
         CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned), st));
         CHECK(cudaEventRecord(a, st));
         void* args[] = {&w, &ybuf, &counter, &p};
-        const size_t shmem = (size_t)p.stages * SLOT_BYTES + MAX_K * 4;
-        CHECK(cudaLaunchCooperativeKernel((void*)stream_layers, dim3(sms), dim3((consumers + 1) * 32), args, shmem,
-                                          st));
+        CHECK(cudaLaunchCooperativeKernel((void*)stream_layers, dim3(sms), dim3((consumers + 1) * 32), args,
+                                          shared_bytes(p.stages), st));
         CHECK(cudaEventRecord(b, st));
         CHECK(cudaEventSynchronize(b));
         CHECK(cudaEventElapsedTime(ms, a, b));
