@@ -290,19 +290,40 @@ def stream_probe_lines(probe: dict[str, object]) -> list[str]:
         f"{probe['floor_us_per_layer']:.2f} µs per layer at the device-to-device copy rate, "
         f"{probe['copy_TBps']:.2f} TB/s. Modes: barrier (a grid-wide barrier between phases), gap (barrier, plus 5 µs "
         "a layer after qkv, attention's place), free (no barrier), arithmetic (free, the input staged once), copy "
-        "(slots released unread), compute (the consumers alone, no copies); weights unpacked from bf16 by a shift "
-        "and a mask (as the engine's GEMVs) or by conversion instructions (cvt). Products checked "
+        "(slots released unread), compute (the consumers alone, no copies), barrier-staged-once (barrier, the input "
+        "staged once); weights unpacked from bf16 by a shift and a mask (as the engine's GEMVs) or by conversion "
+        "instructions (cvt). In flight: the copies the producer lets be outstanding (below the ring's slots, the "
+        "rest of the ring holds landed slots ahead of the consumers). Split: a block's µs per layer, averaged over "
+        "the blocks: the consumers' grid wait (with gap mode's gap), staging and tiles (reducing, and waiting for "
+        "slots to land); the producer's waits for a free slot and, under a cap, for a landing. Barriers: µs each, "
+        "from the global timer, averaged over the launch's barriers: the spread of the blocks' arrivals, the last "
+        "arrival to the first release, and a block's mean wait. Products checked "
         f"against the host: {'yes' if probe.get('checked') else 'no'}, worst relative error "
         f"{probe.get('worst_relative_error', float('nan')):.2g}.",
         "",
-        "| mode | unpacked by | ring slots | consumer warps | µs per layer | weight TB/s |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| mode | unpacked by | ring slots | consumer warps | in flight | µs per layer | weight TB/s "
+        "| split: grid wait / staging / tiles / ring full / in-flight cap | barriers: arrival spread / last arrival "
+        "to release / mean wait |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for run in runs:
         unpack = "cvt" if run.get("unpack_with_cvt") else "shift"
+        split = run.get("split_us_per_layer")
+        split_cell = (
+            " / ".join(f"{split[k]:.1f}" for k in ("grid_wait", "staging", "tiles", "ring_full", "in_flight_cap"))
+            if split
+            else "-"
+        )
+        barrier = run.get("barrier_us")
+        barrier_cell = (
+            " / ".join(f"{barrier[k]:.2f}" for k in ("arrival_spread", "last_arrival_to_first_release", "mean_wait"))
+            if barrier
+            else "-"
+        )
         lines.append(
-            f"| {run['mode']} | {unpack} | {run['stages']} | {run['consumer_warps']} | {run['us_per_layer']:.2f} | "
-            f"{run['weight_TBps']:.2f} |"
+            f"| {run['mode']} | {unpack} | {run['stages']} | {run['consumer_warps']} | "
+            f"{run.get('in_flight', run['stages'])} | {run['us_per_layer']:.2f} | {run['weight_TBps']:.2f} | "
+            f"{split_cell} | {barrier_cell} |"
         )
     return lines
 

@@ -17,17 +17,23 @@
 // waits: the stream and the arithmetic alone), arithmetic (free, with the input staged once, not each phase: the
 // products alone keeping pace with the stream), copy (consumers release slots without reading them: the copy unit's
 // stream alone), compute (arithmetic on whatever the slots hold, with no copies and no waits: the consumers' own
-// rate). Each mode but copy runs twice: the weights unpacked from bf16 by a shift and a mask, as the engine's GEMVs
-// do, and (unpack_with_cvt) by __bfloat1622float2's conversion instructions. For each, ring depth and consumer-warp
-// count (one warp serves each slot), prints microseconds per layer and the weight bytes' rate against a device-to-
-// device copy, as JSON. Checks a down and a gate|up phase's outputs against a double-precision host product of the
-// device's own inputs (barrier mode), and fails when they differ.
+// rate), barrier-staged-once (barrier, with the input staged once: the barriers' cost without the staging's; its
+// products are not checked). Each mode but copy runs twice: the weights unpacked from bf16 by a shift and a mask, as
+// the engine's GEMVs do, and (unpack_with_cvt) by __bfloat1622float2's conversion instructions. For each ring depth,
+// consumer-warp count (one warp serves each slot) and cap on the copies in flight (below the ring's depth, the rest
+// of the ring holds landed slots ahead of the consumers), prints as JSON microseconds per layer, the weight bytes'
+// rate against a device-to-device copy, where a block's time went (Split) and, in the barrier modes, how far apart
+// the blocks reached each grid barrier and how long after the last one they were released (global timer). Checks a
+// down and a gate|up phase's outputs against a double-precision host product of the device's own inputs (barrier
+// mode), and fails when they differ.
 //   nvcc -arch=sm_90 -O3 -std=c++17 -o build/gpu_stream_probe bench/gpu_stream_probe.cu && build/gpu_stream_probe
-// `build/gpu_stream_probe MODE STAGES WARPS` runs one configuration alone, e.g. under a profiler:
+// `build/gpu_stream_probe MODE STAGES WARPS [IN_FLIGHT]` runs one configuration alone, e.g. under a profiler:
 //   ncu --set full -k stream_layers -c 1 build/gpu_stream_probe compute 8 8
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -45,12 +51,33 @@ constexpr int MAX_STAGES = 12;
 constexpr int MAX_K = 6144;
 constexpr int MAX_N = 12288;
 constexpr int PHASES_PER_LAYER = 4;
-constexpr int MAX_CONSUMER_WARPS = 8;  // stream_layers' launch bounds: 9 warps
+constexpr int MAX_CONSUMER_WARPS = 12;  // stream_layers' launch bounds: 13 warps
 
 // stream_layers' dynamic shared memory: the ring's slots, then the staged input.
 constexpr size_t shared_bytes(int stages) { return (size_t)stages * SLOT_BYTES + MAX_K * 4; }
 
-enum Mode { BARRIER = 0, FREE = 1, COPY = 2, ARITHMETIC = 3, COMPUTE = 4 };
+enum Mode { BARRIER = 0, FREE = 1, COPY = 2, ARITHMETIC = 3, COMPUTE = 4, BARRIER_STAGED_ONCE = 5 };
+
+// Where a block's time goes, in SM cycles summed over the launch: thread 0 times the consumers' steps of each phase
+// (the grid wait includes gap mode's gap; tiles, the reductions and the waits for slots to land), the producer its
+// waits for a free slot and for a landing under the in-flight cap; thread 0 also keeps the launch's cycles and
+// nanoseconds, for the clock rate. Written once per block at the end.
+enum Split {
+    GRID_WAIT = 0,
+    STAGING = 1,
+    TILES = 2,
+    RING_FULL = 3,
+    IN_FLIGHT_CAP = 4,
+    CYCLES = 5,
+    NANOSECONDS = 6,
+    SPLITS = 7
+};
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 
 struct PhaseShape {
     int n, k, rows_per_slot;
@@ -61,6 +88,7 @@ struct ProbeParams {
     PhaseShape shape[PHASES_PER_LAYER];
     long long layer_elems;
     int layers, phases, stages, mode, unpack_with_cvt;
+    int in_flight;  // the producer issues tile i once tile i - in_flight has landed (stages: no cap beyond the ring)
     long long gap_ns;  // after each layer's first phase, the block waits this long (attention's place)
 };
 
@@ -74,6 +102,22 @@ __device__ __forceinline__ void consumers_sync(int consumer_threads) {
 __device__ __forceinline__ int first_tile(int rotation) {
     return ((int)blockIdx.x - rotation % (int)gridDim.x + (int)gridDim.x) % (int)gridDim.x;
 }
+
+// Where the block's running tile count i stands in the ring, kept by increments: every warp walks every tile of
+// the block, and the two integer divisions of i % stages and (i % stages) % consumers per tile made half of the
+// consumers' instructions.
+struct RingCursor {
+    int slot = 0;   // i % stages
+    int use = 0;    // i / stages: how often the slot was filled before
+    int owner = 0;  // slot % consumers: the warp that reduces the tile
+    __device__ __forceinline__ void advance(int stages, int consumers) {
+        if (++slot == stages) {
+            slot = 0, owner = 0, ++use;
+        } else if (++owner == consumers) {
+            owner = 0;
+        }
+    }
+};
 
 // acc plus the 8 bf16 weights of u times xa's then xb's values, in order. The weights are unpacked with a shift and a
 // mask (common.cuh's bf16x2_to_float, as the engine's GEMVs do), or WITH_CVT by the conversion instructions that
@@ -152,7 +196,8 @@ __device__ __forceinline__ void stage_input(const float* x, float* xs, int k, in
 
 // Block: `consumers` warps, then one producer warp. Dynamic shared memory: the ring, then the staged input.
 __global__ void __launch_bounds__((MAX_CONSUMER_WARPS + 1) * 32, 1)
-    stream_layers(const __nv_bfloat16* __restrict__ weights, float* ybuf, unsigned* counter, ProbeParams p) {
+    stream_layers(const __nv_bfloat16* __restrict__ weights, float* ybuf, unsigned* counter,
+                  unsigned long long* split, unsigned long long* stamps, ProbeParams p) {
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ uint64_t full[MAX_STAGES], empty[MAX_STAGES];
     unsigned char* ring = smem;
@@ -170,52 +215,84 @@ __global__ void __launch_bounds__((MAX_CONSUMER_WARPS + 1) * 32, 1)
     __syncthreads();
 
     if (warp == consumers) {  // the producer
+        if (lane == 0 && p.mode == COMPUTE)
+            split[blockIdx.x * SPLITS + RING_FULL] = split[blockIdx.x * SPLITS + IN_FLIGHT_CAP] = 0;
         if (lane != 0 || p.mode == COMPUTE) return;
         const uint64_t policy = l2_evict_first_policy();
-        int i = 0, rotation = 0;
+        // lag: the tile in_flight before the next one. Under a cap below the ring's depth, landed slots that the
+        // consumers have not reached yet stay in the ring while the copies in flight stay at the cap: slack that a
+        // grid barrier can use, where a ring full of copies in flight has none (and lengthens the memory queues).
+        RingCursor at, lag;
+        int rotation = 0, issued = 0;
+        unsigned long long ring_full = 0, capped = 0;
         for (int ph = 0; ph < phases; ++ph) {
             const PhaseShape s = p.shape[ph % PHASES_PER_LAYER];
             const int n_tiles = s.n / s.rows_per_slot;
             const uint32_t bytes = (uint32_t)s.rows_per_slot * s.k * 2;
             const __nv_bfloat16* base = weights + (ph / PHASES_PER_LAYER) * p.layer_elems + s.offset;
-            for (int t = first_tile(rotation); t < n_tiles; t += gridDim.x, ++i) {
-                const int slot = i % p.stages;
-                if (i >= p.stages) mbar_wait(&empty[slot], ((i / p.stages) - 1) & 1);
+            for (int t = first_tile(rotation); t < n_tiles; t += gridDim.x, at.advance(p.stages, 1)) {
+                const int slot = at.slot;
+                if (p.in_flight < p.stages && issued >= p.in_flight) {
+                    const unsigned long long t0 = clock64();
+                    mbar_wait(&full[lag.slot], lag.use & 1);
+                    capped += clock64() - t0;
+                    lag.advance(p.stages, 1);
+                }
+                ++issued;
+                if (at.use > 0) {
+                    const unsigned long long t0 = clock64();
+                    mbar_wait(&empty[slot], (at.use - 1) & 1);
+                    ring_full += clock64() - t0;
+                }
                 mbar_arrive_expect_tx(&full[slot], bytes);
                 bulk_copy_to_shared(ring + (size_t)slot * SLOT_BYTES, base + (size_t)t * s.rows_per_slot * s.k,
                                     bytes, &full[slot], policy);
             }
             rotation += n_tiles;
         }
+        split[blockIdx.x * SPLITS + RING_FULL] = ring_full;
+        split[blockIdx.x * SPLITS + IN_FLIGHT_CAP] = capped;
         return;
     }
 
-    int i = 0, rotation = 0;
+    RingCursor at;
+    int rotation = 0;
+    const bool barriers = p.mode == BARRIER || p.mode == BARRIER_STAGED_ONCE;
+    const bool staged_once = p.mode == ARITHMETIC || p.mode == COMPUTE || p.mode == BARRIER_STAGED_ONCE;
+    const unsigned long long start_cycles = clock64(), start_ns = global_ns();
+    unsigned long long spent[3] = {0, 0, 0}, mark = start_cycles;
+    auto lap = [&](int what) {  // thread 0's cycles since the last lap, to `what`
+        const unsigned long long now = clock64();
+        spent[what] += now - mark;
+        mark = now;
+    };
     for (int ph = 0; ph < phases; ++ph) {
         const PhaseShape s = p.shape[ph % PHASES_PER_LAYER];
         const int n_tiles = s.n / s.rows_per_slot;
         const float* x = ybuf + ((ph + 1) & 1) * MAX_N;  // the phase before's outputs
         float* y = ybuf + (ph & 1) * MAX_N;
-        if (p.mode == BARRIER && ph > 0) {
+        if (barriers && ph > 0) {
             if (threadIdx.x == 0) {
                 const unsigned target = (unsigned)ph * gridDim.x;
                 while (ld_relaxed_gpu(counter) < target) {
                 }
                 asm volatile("fence.acq_rel.gpu;" ::: "memory");
+                stamps[((size_t)ph * gridDim.x + blockIdx.x) * 2 + 1] = global_ns();  // released
             }
             consumers_sync(consumer_threads);
         }
-        const bool staged_once = p.mode == ARITHMETIC || p.mode == COMPUTE;
-        if (p.mode == BARRIER || p.mode == FREE || (staged_once && ph == 0)) {
+        lap(GRID_WAIT);
+        if (!staged_once || ph == 0) {
             stage_input(x, xs, staged_once ? MAX_K : s.k, consumer_threads);
             consumers_sync(consumer_threads);
         }
-        for (int t = first_tile(rotation); t < n_tiles; t += gridDim.x, ++i) {
+        lap(STAGING);
+        for (int t = first_tile(rotation); t < n_tiles; t += gridDim.x, at.advance(p.stages, consumers)) {
             // One warp serves each slot, so it meets the slot's uses in order: a parity wait tells use u from use
             // u + 2 only if no warp can run ahead of the slot's previous use.
-            const int slot = i % p.stages;
-            if (slot % consumers != warp) continue;
-            if (p.mode != COMPUTE) mbar_wait(&full[slot], (i / p.stages) & 1);
+            if (at.owner != warp) continue;
+            const int slot = at.slot;
+            if (p.mode != COMPUTE) mbar_wait(&full[slot], at.use & 1);
             if (p.mode != COPY) {
                 const unsigned char* tile = ring + (size_t)slot * SLOT_BYTES;
                 if (s.k == 2048 && p.unpack_with_cvt)
@@ -231,17 +308,23 @@ __global__ void __launch_bounds__((MAX_CONSUMER_WARPS + 1) * 32, 1)
             if (lane == 0 && p.mode != COMPUTE) mbar_arrive(&empty[slot]);
         }
         rotation += n_tiles;
-        if (!staged_once)  // xs is free again; this block's outputs of the phase are written
+        if (!staged_once || barriers)  // xs is free again; this block's outputs of the phase are written
             consumers_sync(consumer_threads);
+        lap(TILES);
         if (p.gap_ns > 0 && ph % PHASES_PER_LAYER == 0 && threadIdx.x == 0) {
-            long long t0, t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-            do {
-                asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            } while (t - t0 < p.gap_ns);
+            const unsigned long long t0 = global_ns();
+            while (global_ns() - t0 < (unsigned long long)p.gap_ns) {
+            }
         }
-        if (p.mode == BARRIER && threadIdx.x == 0)
+        if (barriers && threadIdx.x == 0) {
+            stamps[((size_t)ph * gridDim.x + blockIdx.x) * 2] = global_ns();  // arrived
             asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
+        }
+    }
+    if (threadIdx.x == 0) {
+        for (int k = 0; k < 3; ++k) split[blockIdx.x * SPLITS + k] = spent[k];
+        split[blockIdx.x * SPLITS + CYCLES] = clock64() - start_cycles;
+        split[blockIdx.x * SPLITS + NANOSECONDS] = global_ns() - start_ns;
     }
 }
 
@@ -257,19 +340,22 @@ __global__ void fill_weights(__nv_bfloat16* w, long long n, float scale, uint32_
 }
 
 int main(int argc, char** argv) {
-    // With MODE STAGES WARPS, one configuration alone (weights unpacked by shift and mask), for a profiler.
-    int only_mode = -1, only_stages = 0, only_warps = 0;
-    const char* mode_names[] = {"barrier", "gap", "free", "arithmetic", "copy", "compute"};
-    if (argc == 4) {
-        for (int m = 0; m < 6; ++m)
+    // With MODE STAGES WARPS [IN_FLIGHT], one configuration alone (weights unpacked by shift and mask), for a profiler.
+    int only_mode = -1, only_stages = 0, only_warps = 0, only_in_flight = 0;
+    const char* mode_names[] = {"barrier", "gap", "free", "arithmetic", "copy", "compute", "barrier-staged-once"};
+    if (argc == 4 || argc == 5) {
+        for (int m = 0; m < 7; ++m)
             if (std::strcmp(argv[1], mode_names[m]) == 0) only_mode = m;
         only_stages = std::atoi(argv[2]);
         only_warps = std::atoi(argv[3]);
+        only_in_flight = argc == 5 ? std::atoi(argv[4]) : only_stages;
     }
     if (argc != 1 && (only_mode < 0 || only_stages < 1 || only_stages > MAX_STAGES || only_warps < 1 ||
-                      only_warps > MAX_CONSUMER_WARPS)) {
-        fprintf(stderr, "usage: %s [MODE STAGES WARPS]: MODE one of barrier, gap, free, arithmetic, copy, compute; "
-                "STAGES 1 to %d ring slots; WARPS 1 to %d consumer warps\n", argv[0], MAX_STAGES, MAX_CONSUMER_WARPS);
+                      only_warps > MAX_CONSUMER_WARPS || only_in_flight < 1 ||
+                      only_in_flight > only_stages)) {
+        fprintf(stderr, "usage: %s [MODE STAGES WARPS [IN_FLIGHT]]: MODE one of barrier, gap, free, arithmetic, "
+                "copy, compute, barrier-staged-once; STAGES 1 to %d ring slots; WARPS 1 to %d consumer warps; "
+                "IN_FLIGHT 1 to STAGES copies in flight (default STAGES)\n", argv[0], MAX_STAGES, MAX_CONSUMER_WARPS);
         return 2;
     }
     int sms = 0;
@@ -289,9 +375,15 @@ int main(int argc, char** argv) {
     __nv_bfloat16* w;
     float* ybuf;
     unsigned* counter;
+    unsigned long long* split;
     CHECK(cudaMalloc(&w, total * sizeof(__nv_bfloat16)));
     CHECK(cudaMalloc(&ybuf, 2 * MAX_N * sizeof(float)));
     CHECK(cudaMalloc(&counter, sizeof(unsigned)));
+    CHECK(cudaMalloc(&split, (size_t)sms * SPLITS * sizeof(unsigned long long)));
+    // Each block's global-timer reading as it arrives at and leaves each grid barrier (barrier modes).
+    const size_t n_stamps = (size_t)p.layers * PHASES_PER_LAYER * sms * 2;
+    unsigned long long* stamps;
+    CHECK(cudaMalloc(&stamps, n_stamps * sizeof(unsigned long long)));
     for (int l = 0; l < p.layers; ++l) {
         for (int j = 0; j < PHASES_PER_LAYER; ++j) {  // uniform, with a product's spread about its input's
             const PhaseShape& s = p.shape[j];
@@ -330,10 +422,13 @@ int main(int argc, char** argv) {
     printf("{\"device\": \"%s\", \"blocks\": %d, \"layers\": %d, \"weight_bytes\": %.0f, \"copy_TBps\": %.3f, "
            "\"floor_us_per_layer\": %.3f, \"runs\": [",
            prop.name, sms, p.layers, weight_bytes, copy_rate / 1e12, weight_bytes / copy_rate * 1e6 / p.layers);
-    const int modes[] = {BARRIER, BARRIER, FREE, ARITHMETIC, COPY, COMPUTE};
-    const long long gaps[] = {0, 5000, 0, 0, 0, 0};
-    std::vector<std::pair<int, int>> configs = {{2, 2}, {4, 4}, {8, 4}, {8, 8}, {12, 4}, {12, 6}, {12, 8}};
-    if (only_mode >= 0) configs = {{only_stages, only_warps}};
+    const int modes[] = {BARRIER, BARRIER, FREE, ARITHMETIC, COPY, COMPUTE, BARRIER_STAGED_ONCE};
+    const long long gaps[] = {0, 5000, 0, 0, 0, 0, 0};
+    // Ring slots, consumer warps, copies in flight at most.
+    std::vector<std::array<int, 3>> configs = {{2, 2, 2},  {4, 4, 4},  {8, 4, 8},  {8, 8, 8},  {12, 4, 12}, {12, 6, 12},
+                                               {12, 8, 12}, {12, 12, 12}, {12, 8, 4}, {12, 8, 6}, {12, 8, 8},
+                                               {12, 12, 4}, {12, 12, 6}, {12, 12, 8}};
+    if (only_mode >= 0) configs = {{only_stages, only_warps, only_in_flight}};
     bool first = true;
     int checks = 0;
     double worst_error = 0.0;
@@ -342,7 +437,7 @@ int main(int argc, char** argv) {
         CHECK(cudaMemcpyAsync(ybuf, y0.data(), y0.size() * sizeof(float), cudaMemcpyHostToDevice, st));
         CHECK(cudaMemsetAsync(counter, 0, sizeof(unsigned), st));
         CHECK(cudaEventRecord(a, st));
-        void* args[] = {&w, &ybuf, &counter, &p};
+        void* args[] = {&w, &ybuf, &counter, &split, &stamps, &p};
         CHECK(cudaLaunchCooperativeKernel((void*)stream_layers, dim3(sms), dim3((consumers + 1) * 32), args,
                                           shared_bytes(p.stages), st));
         CHECK(cudaEventRecord(b, st));
@@ -374,13 +469,14 @@ int main(int argc, char** argv) {
         return 0;
     };
     for (int cvt = 0; cvt < (only_mode >= 0 ? 1 : 2); ++cvt) {
-        for (int m = 0; m < 6; ++m) {
+        for (int m = 0; m < 7; ++m) {
             if ((cvt && modes[m] == COPY) || (only_mode >= 0 && m != only_mode)) continue;  // copy unpacks nothing
             for (const auto& config : configs) {
-                const auto [stages, consumers] = config;
+                const auto [stages, consumers, in_flight] = config;
                 p.mode = modes[m];
                 p.gap_ns = gaps[m];
                 p.stages = stages;
+                p.in_flight = in_flight;
                 p.unpack_with_cvt = cvt;
                 p.phases = p.layers * PHASES_PER_LAYER;
                 const int repeats = 20;
@@ -390,15 +486,56 @@ int main(int argc, char** argv) {
                     if (r >= 0) ms += one;
                 }
                 ms /= repeats;
+                // The last timed launch's split, µs per layer averaged over the blocks.
+                std::vector<unsigned long long> sp((size_t)sms * SPLITS);
+                CHECK(cudaMemcpy(sp.data(), split, sp.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+                double mean[SPLITS] = {};
+                for (int blk = 0; blk < sms; ++blk)
+                    for (int k = 0; k < SPLITS; ++k) mean[k] += (double)sp[(size_t)blk * SPLITS + k] / sms;
+                const double us_per_cycle_layer = mean[NANOSECONDS] / mean[CYCLES] * 1e-3 / p.layers;
+                // The last timed launch's barriers, µs each averaged over them: how far apart the blocks arrived,
+                // from the last arrival to the first release, how far apart they left, and a block's mean wait.
+                char barrier_json[320] = "";
+                if (modes[m] == BARRIER || modes[m] == BARRIER_STAGED_ONCE) {
+                    std::vector<unsigned long long> st(n_stamps);
+                    CHECK(cudaMemcpy(st.data(), stamps, n_stamps * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+                    double spread = 0, latency = 0, release_spread = 0, wait = 0;
+                    unsigned long long step = ~0ull;  // the smallest gap between two readings: the timer's resolution
+                    std::vector<unsigned long long> all;
+                    for (int ph = 1; ph < p.phases; ++ph) {
+                        unsigned long long a0 = ~0ull, a1 = 0, r0 = ~0ull, r1 = 0;
+                        for (int blk = 0; blk < sms; ++blk) {
+                            const unsigned long long a = st[((size_t)(ph - 1) * sms + blk) * 2];
+                            const unsigned long long r = st[((size_t)ph * sms + blk) * 2 + 1];
+                            a0 = std::min(a0, a), a1 = std::max(a1, a), r0 = std::min(r0, r), r1 = std::max(r1, r);
+                            wait += (double)(r - a) / sms;
+                            all.push_back(a);
+                        }
+                        spread += (double)(a1 - a0), latency += (double)r0 - (double)a1;
+                        release_spread += (double)(r1 - r0);
+                    }
+                    std::sort(all.begin(), all.end());
+                    for (size_t e = 1; e < all.size(); ++e)
+                        if (all[e] > all[e - 1]) step = std::min(step, all[e] - all[e - 1]);
+                    const double n = (p.phases - 1) * 1e3;
+                    snprintf(barrier_json, sizeof barrier_json,
+                             ", \"barrier_us\": {\"arrival_spread\": %.3f, \"last_arrival_to_first_release\": %.3f, "
+                             "\"release_spread\": %.3f, \"mean_wait\": %.3f, \"timer_step_ns\": %llu}",
+                             spread / n, latency / n, release_spread / n, wait / n, step);
+                }
                 if (p.mode == BARRIER && gaps[m] == 0) {  // down, then (a launch ending one phase early) gate|up
                     if (check_last_phase()) return 1;
                     p.phases -= 1;
                     if (launch(consumers, &one) || check_last_phase()) return 1;
                 }
                 printf("%s{\"mode\": \"%s\", \"unpack_with_cvt\": %s, \"stages\": %d, \"consumer_warps\": %d, "
-                       "\"us_per_layer\": %.3f, \"weight_TBps\": %.3f}",
-                       first ? "" : ", ", mode_names[m], cvt ? "true" : "false", stages, consumers,
-                       ms * 1e3 / p.layers, weight_bytes / (ms * 1e-3) / 1e12);
+                       "\"in_flight\": %d, \"us_per_layer\": %.3f, \"weight_TBps\": %.3f, \"split_us_per_layer\": "
+                       "{\"grid_wait\": %.3f, \"staging\": %.3f, \"tiles\": %.3f, \"ring_full\": %.3f, "
+                       "\"in_flight_cap\": %.3f}%s}",
+                       first ? "" : ", ", mode_names[m], cvt ? "true" : "false", stages, consumers, in_flight,
+                       ms * 1e3 / p.layers, weight_bytes / (ms * 1e-3) / 1e12, mean[GRID_WAIT] * us_per_cycle_layer,
+                       mean[STAGING] * us_per_cycle_layer, mean[TILES] * us_per_cycle_layer,
+                       mean[RING_FULL] * us_per_cycle_layer, mean[IN_FLIGHT_CAP] * us_per_cycle_layer, barrier_json);
                 first = false;
             }
         }
