@@ -293,11 +293,12 @@ def stream_probe_lines(probe: dict[str, object]) -> list[str]:
         "(slots released unread), compute (the consumers alone, no copies), barrier-staged-once (barrier, the input "
         "staged once); weights unpacked from bf16 by a shift and a mask (as the engine's GEMVs) or by conversion "
         "instructions (cvt). In flight: the copies the producer lets be outstanding (below the ring's slots, the "
-        "rest of the ring holds landed slots ahead of the consumers). Split: a block's µs per layer, averaged over "
+        "rest of the ring holds landed slots ahead of the consumers); paused: the producer issues nothing from its "
+        "block's arrival at a grid barrier to the release. Split: a block's µs per layer, averaged over "
         "the blocks: the consumers' grid wait (with gap mode's gap), staging and tiles (reducing, and waiting for "
-        "slots to land); the producer's waits for a free slot and, under a cap, for a landing. Barriers: µs each, "
-        "from the global timer, averaged over the launch's barriers: the spread of the blocks' arrivals, the last "
-        "arrival to the first release, and a block's mean wait. Products checked "
+        "slots to land); the producer's waits for a free slot and, under a cap, for a landing (with the pauses). "
+        "Barriers: µs each, from the global timer, averaged over the launch's barriers: the spread of the blocks' "
+        "arrivals, the last arrival to the first release, and a block's mean wait. Products checked "
         f"against the host: {'yes' if probe.get('checked') else 'no'}, worst relative error "
         f"{probe.get('worst_relative_error', float('nan')):.2g}.",
         "",
@@ -320,9 +321,10 @@ def stream_probe_lines(probe: dict[str, object]) -> list[str]:
             if barrier
             else "-"
         )
+        in_flight = f"{run.get('in_flight', run['stages'])}{', paused' if run.get('pause_at_barriers') else ''}"
         lines.append(
-            f"| {run['mode']} | {unpack} | {run['stages']} | {run['consumer_warps']} | "
-            f"{run.get('in_flight', run['stages'])} | {run['us_per_layer']:.2f} | {run['weight_TBps']:.2f} | "
+            f"| {run['mode']} | {unpack} | {run['stages']} | {run['consumer_warps']} | {in_flight} | "
+            f"{run['us_per_layer']:.2f} | {run['weight_TBps']:.2f} | "
             f"{split_cell} | {barrier_cell} |"
         )
     return lines

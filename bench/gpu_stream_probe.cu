@@ -21,7 +21,8 @@
 // products are not checked). Each mode but copy runs twice: the weights unpacked from bf16 by a shift and a mask, as
 // the engine's GEMVs do, and (unpack_with_cvt) by __bfloat1622float2's conversion instructions. For each ring depth,
 // consumer-warp count (one warp serves each slot) and cap on the copies in flight (below the ring's depth, the rest
-// of the ring holds landed slots ahead of the consumers), prints as JSON microseconds per layer, the weight bytes'
+// of the ring holds landed slots ahead of the consumers) and, for three configurations, the stream paused from a
+// block's arrival at a grid barrier to its release, prints as JSON microseconds per layer, the weight bytes'
 // rate against a device-to-device copy, where a block's time went (Split) and, in the barrier modes, how far apart
 // the blocks reached each grid barrier and how long after the last one they were released (global timer). Checks a
 // down and a gate|up phase's outputs against a double-precision host product of the device's own inputs (barrier
@@ -60,8 +61,8 @@ enum Mode { BARRIER = 0, FREE = 1, COPY = 2, ARITHMETIC = 3, COMPUTE = 4, BARRIE
 
 // Where a block's time goes, in SM cycles summed over the launch: thread 0 times the consumers' steps of each phase
 // (the grid wait includes gap mode's gap; tiles, the reductions and the waits for slots to land), the producer its
-// waits for a free slot and for a landing under the in-flight cap; thread 0 also keeps the launch's cycles and
-// nanoseconds, for the clock rate. Written once per block at the end.
+// waits for a free slot and for a landing under the in-flight cap (with, paused at barriers, the pauses); thread 0
+// also keeps the launch's cycles and nanoseconds, for the clock rate. Written once per block at the end.
 enum Split {
     GRID_WAIT = 0,
     STAGING = 1,
@@ -89,6 +90,7 @@ struct ProbeParams {
     long long layer_elems;
     int layers, phases, stages, mode, unpack_with_cvt;
     int in_flight;  // the producer issues tile i once tile i - in_flight has landed (stages: no cap beyond the ring)
+    int pause_at_barriers;  // the producer issues nothing from the block's arrival at a grid barrier to its release
     long long gap_ns;  // after each layer's first phase, the block waits this long (attention's place)
 };
 
@@ -200,12 +202,14 @@ __global__ void __launch_bounds__((MAX_CONSUMER_WARPS + 1) * 32, 1)
                   unsigned long long* split, unsigned long long* stamps, ProbeParams p) {
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ uint64_t full[MAX_STAGES], empty[MAX_STAGES];
+    __shared__ int at_barrier;  // set by thread 0 from its arrival at a grid barrier to its release
     unsigned char* ring = smem;
     float* xs = reinterpret_cast<float*>(smem + (size_t)p.stages * SLOT_BYTES);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int consumers = blockDim.x / 32 - 1, consumer_threads = consumers * 32;
     const int phases = p.phases;
     if (threadIdx.x == 0) {
+        at_barrier = 0;
         for (int s = 0; s < p.stages; ++s) {
             mbar_init(&full[s], 1);
             mbar_init(&empty[s], 1);
@@ -239,6 +243,12 @@ __global__ void __launch_bounds__((MAX_CONSUMER_WARPS + 1) * 32, 1)
                     lag.advance(p.stages, 1);
                 }
                 ++issued;
+                if (p.pause_at_barriers) {  // counted with the cap's waits
+                    const unsigned long long t0 = clock64();
+                    while (*(volatile int*)&at_barrier) {
+                    }
+                    capped += clock64() - t0;
+                }
                 if (at.use > 0) {
                     const unsigned long long t0 = clock64();
                     mbar_wait(&empty[slot], (at.use - 1) & 1);
@@ -278,6 +288,7 @@ __global__ void __launch_bounds__((MAX_CONSUMER_WARPS + 1) * 32, 1)
                 }
                 asm volatile("fence.acq_rel.gpu;" ::: "memory");
                 stamps[((size_t)ph * gridDim.x + blockIdx.x) * 2 + 1] = global_ns();  // released
+                *(volatile int*)&at_barrier = 0;
             }
             consumers_sync(consumer_threads);
         }
@@ -318,6 +329,7 @@ __global__ void __launch_bounds__((MAX_CONSUMER_WARPS + 1) * 32, 1)
         }
         if (barriers && threadIdx.x == 0) {
             stamps[((size_t)ph * gridDim.x + blockIdx.x) * 2] = global_ns();  // arrived
+            if (ph + 1 < phases) *(volatile int*)&at_barrier = 1;
             asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
         }
     }
@@ -424,11 +436,12 @@ int main(int argc, char** argv) {
            prop.name, sms, p.layers, weight_bytes, copy_rate / 1e12, weight_bytes / copy_rate * 1e6 / p.layers);
     const int modes[] = {BARRIER, BARRIER, FREE, ARITHMETIC, COPY, COMPUTE, BARRIER_STAGED_ONCE};
     const long long gaps[] = {0, 5000, 0, 0, 0, 0, 0};
-    // Ring slots, consumer warps, copies in flight at most.
-    std::vector<std::array<int, 3>> configs = {{2, 2, 2},  {4, 4, 4},  {8, 4, 8},  {8, 8, 8},  {12, 4, 12}, {12, 6, 12},
-                                               {12, 8, 12}, {12, 12, 12}, {12, 8, 4}, {12, 8, 6}, {12, 8, 8},
-                                               {12, 12, 4}, {12, 12, 6}, {12, 12, 8}};
-    if (only_mode >= 0) configs = {{only_stages, only_warps, only_in_flight}};
+    // Ring slots, consumer warps, copies in flight at most, the stream paused at grid barriers.
+    std::vector<std::array<int, 4>> configs = {
+        {2, 2, 2, 0},   {4, 4, 4, 0},    {8, 4, 8, 0},  {8, 8, 8, 0},  {12, 4, 12, 0}, {12, 6, 12, 0},
+        {12, 8, 12, 0}, {12, 12, 12, 0}, {12, 8, 4, 0}, {12, 8, 6, 0}, {12, 8, 8, 0},  {12, 12, 4, 0},
+        {12, 12, 6, 0}, {12, 12, 8, 0},  {12, 8, 2, 1}, {12, 8, 4, 1}, {12, 8, 12, 1}};
+    if (only_mode >= 0) configs = {{only_stages, only_warps, only_in_flight, 0}};
     bool first = true;
     int checks = 0;
     double worst_error = 0.0;
@@ -472,11 +485,12 @@ int main(int argc, char** argv) {
         for (int m = 0; m < 7; ++m) {
             if ((cvt && modes[m] == COPY) || (only_mode >= 0 && m != only_mode)) continue;  // copy unpacks nothing
             for (const auto& config : configs) {
-                const auto [stages, consumers, in_flight] = config;
+                const auto [stages, consumers, in_flight, pause] = config;
                 p.mode = modes[m];
                 p.gap_ns = gaps[m];
                 p.stages = stages;
                 p.in_flight = in_flight;
+                p.pause_at_barriers = pause;
                 p.unpack_with_cvt = cvt;
                 p.phases = p.layers * PHASES_PER_LAYER;
                 const int repeats = 20;
@@ -529,10 +543,11 @@ int main(int argc, char** argv) {
                     if (launch(consumers, &one) || check_last_phase()) return 1;
                 }
                 printf("%s{\"mode\": \"%s\", \"unpack_with_cvt\": %s, \"stages\": %d, \"consumer_warps\": %d, "
-                       "\"in_flight\": %d, \"us_per_layer\": %.3f, \"weight_TBps\": %.3f, \"split_us_per_layer\": "
-                       "{\"grid_wait\": %.3f, \"staging\": %.3f, \"tiles\": %.3f, \"ring_full\": %.3f, "
-                       "\"in_flight_cap\": %.3f}%s}",
+                       "\"in_flight\": %d, \"pause_at_barriers\": %s, \"us_per_layer\": %.3f, \"weight_TBps\": %.3f, "
+                       "\"split_us_per_layer\": {\"grid_wait\": %.3f, \"staging\": %.3f, \"tiles\": %.3f, "
+                       "\"ring_full\": %.3f, \"in_flight_cap\": %.3f}%s}",
                        first ? "" : ", ", mode_names[m], cvt ? "true" : "false", stages, consumers, in_flight,
+                       pause ? "true" : "false",
                        ms * 1e3 / p.layers, weight_bytes / (ms * 1e-3) / 1e12, mean[GRID_WAIT] * us_per_cycle_layer,
                        mean[STAGING] * us_per_cycle_layer, mean[TILES] * us_per_cycle_layer,
                        mean[RING_FULL] * us_per_cycle_layer, mean[IN_FLIGHT_CAP] * us_per_cycle_layer, barrier_json);
