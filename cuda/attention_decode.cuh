@@ -19,10 +19,7 @@
 //   708 (docs/cuda-speed-notes.md #65, #66), so the host takes it only for requests that stay within ATTN_CLUSTER
 //   chunks (unless TOOLTRIE_CLUSTER_ATTENTION=0); it is correct at any context (past ATTN_CLUSTER chunks it takes
 //   the counter and global records).
-// attention_decode_hd128 and attention_decode_cluster_hd128 are the same bodies compiled for head_dim 128. Launched
-// with ATTN_STAGE_FLOATS of dynamic shared memory, they (and the chain forms for head_dim 128) copy their first
-// chunk's K and V rows there with cp.async while they prepare q and k, instead of requesting the rows into L2, so
-// the chunk's products read shared memory (the same values, so the same bits).
+// attention_decode_hd128 and attention_decode_cluster_hd128 are the same bodies compiled for head_dim 128.
 // The new token's k and v (row pos) are computed by every block whose chunk holds pos, together with its q by
 // head_norm_rope_pair (each value bit-identical to the prefill kernel's head_norm_rope_values), and used from shared
 // memory; the first q head of each kv group writes them to the caches. The position comes from device memory
