@@ -82,7 +82,7 @@ CLUSTER_ATTENTION_POSITIONS = ATTN_CLUSTER * ATTN_CHUNK
 ATTN_COMPILED_HEAD_DIM = 128  # attention_decode_hd128 and attention_decode_cluster_hd128
 # The _hd128 decode attention kernels copy their first chunk's K and V rows into this much dynamic shared memory
 # while they prepare q and k (ATTN_STAGE_FLOATS in cuda/attention_decode.cuh); launched without it, they request
-# the rows into L2 instead (the same bits). TOOLTRIE_ATTENTION_STAGE=0 launches them so, to time the difference.
+# the rows into L2 instead (the same bits).
 ATTN_STAGE_BYTES = 2 * ATTN_CHUNK * ATTN_COMPILED_HEAD_DIM * F32
 ATTN_STATIC_SHARED = 33_920  # attention's static shared memory (ptxas -v)
 MAX_SHARED_PER_BLOCK = 227 * 1024
@@ -375,9 +375,7 @@ class CudaModel:
             "attention_decode_chain_cluster",
         ):  # not the _hd128 forms: no faster with it (docs/cuda-speed-notes.md #82)
             module.kernel(name).prefer_max_shared()
-        staged = c.head_dim == ATTN_COMPILED_HEAD_DIM and env_int("TOOLTRIE_ATTENTION_STAGE", 1, 0, 1) == 1
-        self.attn_stage_bytes = ATTN_STAGE_BYTES if staged else 0
-        if staged:  # their static shared memory and the stage pass the default 48 KiB
+        if c.head_dim == ATTN_COMPILED_HEAD_DIM:  # their static shared memory and the stage pass the default 48 KiB
             for cluster, chain in itertools.product((False, True), repeat=2):
                 module.kernel(decode_attention_kernel(c.head_dim, cluster, chain)).set_max_dynamic_shared(
                     ATTN_STAGE_BYTES
@@ -653,7 +651,7 @@ class CudaModel:
                 ("f32", float(c.rms_norm_eps)),
                 ("i32", self.max_chunks),
             ],
-            self.attn_stage_bytes,
+            ATTN_STAGE_BYTES if c.head_dim == ATTN_COMPILED_HEAD_DIM else 0,
             label=name,
         )
 

@@ -354,27 +354,3 @@ def test_rows_of_two_warps_keep_the_register_gemv(fake_driver: FakeDriver) -> No
     assert kernels["gemv:down"] == "gemv_bf16" and kernels["gemv:qkv"] == "gemv_stream_bf16"
     report = compare_greedy(model, hf_model, [5, 9, 2, 7, 1], new_tokens=2)
     assert report["token_mismatches"] == 0, report
-
-
-@pytest.mark.parametrize(
-    ("shape", "setting", "staged"),
-    [("tiny-qwen2-hd128-untied", None, True), ("tiny-qwen2-hd128-untied", "0", False), ("tiny-qwen3", None, False)],
-)
-def test_hd128_decode_attention_gets_room_to_stage_its_chunk(
-    fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch, shape: str, setting: str | None, staged: bool
-) -> None:
-    """The _hd128 decode attention launches carry the shared memory their first chunk's K and V rows are copied into
-    (TOOLTRIE_ATTENTION_STAGE=0 leaves it out, and the kernel then requests the rows into L2); other head sizes take
-    the generic kernels, which have no stage."""
-    from decoder_service.engines.cuda.forward import ATTN_STAGE_BYTES, CudaModel
-    from decoder_service.engines.cuda.module import Module
-
-    if setting is not None:
-        monkeypatch.setenv("TOOLTRIE_ATTENTION_STAGE", setting)
-    _, weights = build_reference(SHAPES[shape], seed=7)
-    model = CudaModel(SHAPES[shape], weights, Module(b"cubin"), max_context=64, max_prefill=8)
-    chain = model.chain_launches(tokens_ptr=0, pos_ptr=0, count_ptr=8, cluster_attention=True)  # built, not run
-    single = model.step_launches(token_ptr=0, pos_ptr=0, cluster_attention=True)[0]
-    launches = [x for x in [*model.decode_launches, *single, *chain] if x.kernel.name.startswith("attention_decode")]
-    assert launches
-    assert {x.shared_bytes for x in launches} == {ATTN_STAGE_BYTES if staged else 0}
