@@ -60,12 +60,3 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
         : "memory");
 }
 
-// 16 bytes from global to shared memory (both 16-byte aligned) through L2 only, holding no registers while in flight
-// (cp.async); cp_async_commit closes this thread's group of such copies, cp_async_wait_all waits for all of them.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_address(dst)), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }

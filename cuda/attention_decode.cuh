@@ -25,7 +25,6 @@
 // memory; the first q head of each kv group writes them to the caches. The position comes from device memory
 // (graph replays) or from the host (pos_ptr null).
 #pragma once
-#include "async_copy.cuh"
 #include "common.cuh"
 #include "rope.cuh"
 
@@ -45,10 +44,6 @@ static_assert(ATTN_CHUNK == TT_WARP, "each warp's softmax takes one score a lane
 #define ATTN_MERGE_MAX_CHUNKS 2048
 #define ATTN_CLUSTER 8                // blocks of attention_decode_cluster's clusters (its grid.y is a multiple)
 #define ATTN_RECORD_FLOATS (256 + 2)  // a chunk's (m, l, acc[head_dim <= 256]) in the cluster merge's table
-// The _hd128 kernels' dynamic shared memory: the K rows, then the V rows, of a block's first chunk (32 KB).
-#define ATTN_STAGE_HEAD_DIM 128
-#define ATTN_STAGE_FLOATS (2 * ATTN_CHUNK * ATTN_STAGE_HEAD_DIM)
-extern __shared__ __align__(16) float attn_decode_stage[];
 static_assert(ATTN_CLUSTER * ATTN_RECORD_FLOATS <= 2 * ATTN_MERGE_MAX_CHUNKS, "the records reuse the merge table");
 
 // Loads the V values thread (g, d) sums next: column d of rows t0 + g + k * groups (k < ATTN_V_COL) of the chunk at
@@ -57,46 +52,21 @@ static_assert(ATTN_CLUSTER * ATTN_RECORD_FLOATS <= 2 * ATTN_MERGE_MAX_CHUNKS, "t
 // first row (never used), which keeps every load unconditional; row `pos` (the new token, computed by this block)
 // comes from vnew.
 // PLAIN: the caller knows every row it loads lies inside the chunk, before row pos (no clamp, no new row).
-// attn_load_v_col_at reads the chunk's column d from `base` (its row 0) with rows `row_stride` floats apart: the
-// cache's, or the block's staged copy of the chunk.
 template <bool PLAIN = false>
-__device__ __forceinline__ void attn_load_v_col_at(float (&v)[ATTN_V_COL], const float* base, int row_stride,
-                                                   const float* vnew, int pos, int j0, int t0, int rows, int g, int d,
-                                                   int groups) {
+__device__ __forceinline__ void attn_load_v_col(float (&v)[ATTN_V_COL], const float* __restrict__ v_cache,
+                                                const float* vnew, int pos, int j0, int t0, int rows, int g, int d,
+                                                int groups, int kv_stride, int kvh, int head_dim) {
+    const float* base = v_cache + (size_t)j0 * kv_stride + kvh * head_dim + d;
 #pragma unroll
     for (int k = 0; k < ATTN_V_COL; ++k) {
         const int r = t0 + g + k * groups;
-        v[k] = base[(size_t)(PLAIN || r < rows ? r : 0) * row_stride];
+        v[k] = base[(size_t)(PLAIN || r < rows ? r : 0) * kv_stride];
     }
     if constexpr (!PLAIN) {
 #pragma unroll
         for (int k = 0; k < ATTN_V_COL; ++k)
             if (j0 + t0 + g + k * groups == pos) v[k] = vnew[d];
     }
-}
-
-template <bool PLAIN = false>
-__device__ __forceinline__ void attn_load_v_col(float (&v)[ATTN_V_COL], const float* __restrict__ v_cache,
-                                                const float* vnew, int pos, int j0, int t0, int rows, int g, int d,
-                                                int groups, int kv_stride, int kvh, int head_dim) {
-    const float* base = v_cache + (size_t)j0 * kv_stride + kvh * head_dim + d;
-    attn_load_v_col_at<PLAIN>(v, base, kv_stride, vnew, pos, j0, t0, rows, g, d, groups);
-}
-
-// Copies K and V rows j0 .. j0 + rows - 1 of kv head kvh into `stage` (the K rows, then the V rows from
-// ATTN_CHUNK * head_dim on, head_dim floats each) with 16-byte asynchronous copies, which hold no registers in
-// flight; thread t takes piece t % (head_dim / 4) of rows t / (head_dim / 4), ... The caller waits for them
-// (cp_async_wait_all, then a barrier) before any thread reads the stage.
-__device__ __forceinline__ void attn_stage_rows(const float* k_cache, const float* v_cache, float* stage, int j0,
-                                                int rows, int kv_stride, int kvh, int head_dim) {
-    const int pieces = head_dim / 4;
-    for (int e = threadIdx.x; e < rows * pieces; e += blockDim.x) {
-        const int r = e / pieces, at = (e % pieces) * 4;
-        const size_t from = (size_t)(j0 + r) * kv_stride + kvh * head_dim + at;
-        cp_async16(stage + r * head_dim + at, k_cache + from);
-        cp_async16(stage + (ATTN_CHUNK + r) * head_dim + at, v_cache + from);
-    }
-    cp_async_commit();
 }
 
 // Requests K and V rows j0 .. j0 + rows - 1 of kv head kvh into L2: thread t takes 128-byte line t % lines of rows
@@ -135,17 +105,14 @@ struct AttnDims {
 // The block's head h, ready for its chunks: q normalised and rotated into sh.q, and (scores_pos: the block has the
 // chunk that holds pos) the new token's k and v into sh.knew and sh.vnew, the first q head of each kv group writing
 // them to the caches. The rows prefetch_row0 .. + prefetch_rows of the K/V caches are requested into L2 meanwhile,
-// so their HBM round trip overlaps the rotary work (a prefetch holds no registers; later loads then hit L2); with a
-// `stage` (shared memory of ATTN_STAGE_FLOATS), they are copied there instead (attn_stage_rows), so the chunk's
-// products find them in shared memory rather than making their own L2 round trip after the rotary work (that round
-// trip is slow while weights stream beside it: docs/cuda-speed-notes.md #94, #95). q_norm_d and k_norm_d are
-// element threadIdx.x of the norm weights (loaded by the caller). Ends with a barrier.
+// so their HBM round trip overlaps the rotary work (a prefetch holds no registers; later loads then hit L2).
+// q_norm_d and k_norm_d are element threadIdx.x of the norm weights (loaded by the caller). Ends with a barrier.
 template <bool CG>
 __device__ __forceinline__ void attn_prepare_head(const float* qkv, bool q_has_norm, bool k_has_norm, float q_norm_d,
                                                   float k_norm_d, float* k_cache, float* v_cache,
                                                   const float* __restrict__ rope, int h, int pos, bool scores_pos,
                                                   int prefetch_row0, int prefetch_rows, const AttnDims& d,
-                                                  AttnShared& sh, int mark, float* stage = nullptr) {
+                                                  AttnShared& sh, int mark) {
     const int head_dim = d.head_dim, group_size = d.n_heads / d.n_kv_heads, kvh = h / group_size;
     const bool active = threadIdx.x < head_dim;
     const int q_width = d.n_heads * head_dim, kv_stride = d.n_kv_heads * head_dim;
@@ -158,9 +125,7 @@ __device__ __forceinline__ void attn_prepare_head(const float* qkv, bool q_has_n
         k_raw = load_activation<CG>(qkv + q_width + kvh * head_dim + threadIdx.x);
         v_raw = load_activation<CG>(qkv + q_width + kv_stride + kvh * head_dim + threadIdx.x);
     }
-    if (stage && prefetch_rows > 0)
-        attn_stage_rows(k_cache, v_cache, stage, prefetch_row0, prefetch_rows, kv_stride, kvh, head_dim);
-    else if (prefetch_rows > 0)
+    if (prefetch_rows > 0)
         attn_prefetch_rows_l2(k_cache, v_cache, prefetch_row0, prefetch_rows, kv_stride, kvh, head_dim);
 
     if (!scores_pos) {
@@ -183,7 +148,6 @@ __device__ __forceinline__ void attn_prepare_head(const float* qkv, bool q_has_n
         }
     }
     TT_MARK(mark + 2);
-    if (stage) cp_async_wait_all();  // this thread's copies; the barrier then publishes everyone's
     __syncthreads();
     TT_MARK(mark + 3);
 }
@@ -339,14 +303,12 @@ struct AttnHeadsScratch {
 // for their exact trip counts; PLAIN chunks (wholly before row pos: every chunk but the context's last) load their
 // rows without clamps or the new row's substitution; the rows' warp sums trade halves (warp_sums_scattered); where
 // one round of V loads covers the chunk, each warp lays its weights out by thread group so that a thread reads its
-// rows' weights as float4s (docs/cuda-speed-notes.md #91). STAGED: the chunk's K and V rows are read from `stage`,
-// where attn_prepare_head copied them (the same values). Ends with a barrier.
-template <int HD, bool PLAIN, bool STAGED = false>
+// rows' weights as float4s (docs/cuda-speed-notes.md #91). Ends with a barrier.
+template <int HD, bool PLAIN>
 __device__ __forceinline__ void attn_chunk_records_hd_form(const float* __restrict__ k_cache,
                                                            const float* __restrict__ v_cache, const AttnRecords& to,
                                                            int h0, int c, int pos, const AttnDims& d,
-                                                           const AttnHeadsScratch& sh, int mark,
-                                                           const float* stage = nullptr) {
+                                                           const AttnHeadsScratch& sh, int mark) {
     constexpr int hd4 = HD / 4, groups = ATTN_SPLIT_THREADS / HD, col_rows = ATTN_V_COL * groups;
     constexpr int RW = ATTN_ROWS_PER_WARP;
     constexpr bool GROUPED = col_rows == ATTN_CHUNK;  // thread group g's weights at g * ATTN_V_COL ..
@@ -358,22 +320,19 @@ __device__ __forceinline__ void attn_chunk_records_hd_form(const float* __restri
     const int j0 = c * ATTN_CHUNK, rows = PLAIN ? ATTN_CHUNK : min(ATTN_CHUNK, length - j0);
     const float4* q4 = reinterpret_cast<const float4*>(sh.q);
     const float4* knew4 = reinterpret_cast<const float4*>(sh.knew);
-    // The chunk's row 0 (column dcol for V) and the distance between rows, in the cache or in the stage.
-    const float* vbase = STAGED ? stage + ATTN_CHUNK * HD + dcol : v_cache + (size_t)j0 * kv_stride + kvh * HD + dcol;
-    const int row_stride = STAGED ? HD : kv_stride;
     float vcol[ATTN_V_COL];
-    attn_load_v_col_at<PLAIN>(vcol, vbase, row_stride, sh.vnew, pos, j0, 0, rows, g, dcol, groups);
+    attn_load_v_col<PLAIN>(vcol, v_cache, sh.vnew, pos, j0, 0, rows, g, dcol, groups, kv_stride, kvh, HD);
     float s[RW];
 #pragma unroll
     for (int u = 0; u < RW; ++u) s[u] = 0.0f;
-    const float4* kbase = reinterpret_cast<const float4*>(STAGED ? stage : k_cache + (size_t)j0 * kv_stride + kvh * HD);
+    const float4* kbase = reinterpret_cast<const float4*>(k_cache + (size_t)j0 * kv_stride + kvh * HD);
 #pragma unroll
     for (int i = lane; i < hd4; i += TT_WARP) {
         float4 k[RW];
 #pragma unroll
         for (int u = 0; u < RW; ++u) {
             const int r = warp + u * ATTN_SPLIT_WARPS;
-            k[u] = kbase[(size_t)(PLAIN || r < rows ? r : 0) * (row_stride / 4) + i];
+            k[u] = kbase[(size_t)(PLAIN || r < rows ? r : 0) * (kv_stride / 4) + i];
         }
         if (!PLAIN) {
 #pragma unroll
@@ -410,7 +369,8 @@ __device__ __forceinline__ void attn_chunk_records_hd_form(const float* __restri
 #pragma unroll
     for (int t0 = 0; t0 < ATTN_CHUNK; t0 += col_rows) {
         if (!PLAIN && t0 >= rows) break;
-        if (t0 > 0) attn_load_v_col_at<PLAIN>(vcol, vbase, row_stride, sh.vnew, pos, j0, t0, rows, g, dcol, groups);
+        if (t0 > 0)
+            attn_load_v_col<PLAIN>(vcol, v_cache, sh.vnew, pos, j0, t0, rows, g, dcol, groups, kv_stride, kvh, HD);
 #pragma unroll
         for (int q = 0; q < ATTN_V_COL / 4; ++q) {  // rows of k = 4q .. 4q + 3
             float w[4];
@@ -446,22 +406,14 @@ __device__ __forceinline__ void attn_chunk_records_hd_form(const float* __restri
     __syncthreads();  // p, weights and red are reused by the next chunk; the records are written
 }
 
-// stage: the chunk's K and V rows staged by attn_prepare_head (HD > 0 only), or null.
 template <int HD>
 __device__ __forceinline__ void attn_chunk_record_for(const float* __restrict__ k_cache,
                                                       const float* __restrict__ v_cache, const AttnRecords& to, int h,
-                                                      int c, int pos, const AttnDims& d, AttnShared& sh, int mark,
-                                                      const float* stage = nullptr) {
+                                                      int c, int pos, const AttnDims& d, AttnShared& sh, int mark) {
     if constexpr (HD > 0) {
         constexpr bool can_be_plain = ATTN_V_COL * (ATTN_SPLIT_THREADS / HD) <= ATTN_CHUNK;
         const AttnHeadsScratch scratch{sh.q, sh.p, &sh.weights[0][0], sh.red, sh.knew, sh.vnew};
-        const bool plain = can_be_plain && (c + 1) * ATTN_CHUNK <= pos;  // uniform
-        if (stage && plain)
-            attn_chunk_records_hd_form<HD, can_be_plain, true>(k_cache, v_cache, to, h, c, pos, d, scratch, mark,
-                                                               stage);
-        else if (stage)
-            attn_chunk_records_hd_form<HD, false, true>(k_cache, v_cache, to, h, c, pos, d, scratch, mark, stage);
-        else if (plain)
+        if (can_be_plain && (c + 1) * ATTN_CHUNK <= pos)  // uniform
             attn_chunk_records_hd_form<HD, can_be_plain>(k_cache, v_cache, to, h, c, pos, d, scratch, mark);
         else
             attn_chunk_records_hd_form<HD, false>(k_cache, v_cache, to, h, c, pos, d, scratch, mark);
@@ -660,14 +612,6 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
     const float k_norm_d = active && k_norm ? bf16_to_float(k_norm[threadIdx.x]) : 0.0f;
     pdl_enter();
     TT_MARK(mark + 1);
-    // The hd128 forms copy their first chunk's K and V rows into dynamic shared memory while q and k are prepared,
-    // where the launch gave room for them (ATTN_STAGE_FLOATS); otherwise they request them into L2.
-    float* stage = nullptr;
-    if constexpr (HD == ATTN_STAGE_HEAD_DIM) {
-        uint32_t room;
-        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(room));
-        if (room >= ATTN_STAGE_FLOATS * sizeof(float)) stage = attn_decode_stage;
-    }
     __shared__ AttnShared sh;
     __shared__ float merge_ml[2][ATTN_MERGE_MAX_CHUNKS];  // the merging block's per-chunk m and l
     const AttnDims& d{n_heads, n_kv_heads, head_dim, max_chunks, scale, eps};
@@ -695,10 +639,10 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
             const int first_row = (int)blockIdx.y * ATTN_CHUNK;
             attn_prepare_head<false>(qkv, q_norm != nullptr, k_norm != nullptr, q_norm_d, k_norm_d, k_cache, v_cache,
                                      rope, h, pos, scores_pos, first_row, min(ATTN_CHUNK, length - first_row), d, sh,
-                                     mark, stage);
+                                     mark);
             for (int c = blockIdx.y; c < n_chunks; c += blocks)  // uniform across the block
                 attn_chunk_record_for<HD>(k_cache, v_cache, AttnRecords{partial, records, in_cluster}, h, c, pos, d, sh,
-                                          mark, c == (int)blockIdx.y ? stage : nullptr);
+                                          mark);
         }
         if (!in_cluster) {
             attn_count_and_merge(partial, out, done, h, n_chunks, working, d, sh, merge_ml[0], merge_ml[1], mark);
@@ -718,10 +662,9 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
     if (blockIdx.y >= working) return;
     const int first_row = (int)blockIdx.y * ATTN_CHUNK;
     attn_prepare_head<false>(qkv, q_norm != nullptr, k_norm != nullptr, q_norm_d, k_norm_d, k_cache, v_cache, rope, h,
-                             pos, scores_pos, first_row, min(ATTN_CHUNK, length - first_row), d, sh, mark, stage);
+                             pos, scores_pos, first_row, min(ATTN_CHUNK, length - first_row), d, sh, mark);
     for (int c = blockIdx.y; c < n_chunks; c += blocks)  // uniform across the block
-        attn_chunk_record_for<HD>(k_cache, v_cache, AttnRecords{partial, nullptr, false}, h, c, pos, d, sh, mark,
-                                  c == (int)blockIdx.y ? stage : nullptr);
+        attn_chunk_record_for<HD>(k_cache, v_cache, AttnRecords{partial, nullptr, false}, h, c, pos, d, sh, mark);
     attn_count_and_merge(partial, out, done, h, n_chunks, working, d, sh, merge_ml[0], merge_ml[1], mark);
 }
 

@@ -7,7 +7,6 @@ from device memory (the previous step's argmax), so the same list can later be c
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -80,10 +79,6 @@ ATTN_CLUSTER = 8
 ATTN_CHAIN_BLOCKS = 24
 CLUSTER_ATTENTION_POSITIONS = ATTN_CLUSTER * ATTN_CHUNK
 ATTN_COMPILED_HEAD_DIM = 128  # attention_decode_hd128 and attention_decode_cluster_hd128
-# The _hd128 decode attention kernels copy their first chunk's K and V rows into this much dynamic shared memory
-# while they prepare q and k (ATTN_STAGE_FLOATS in cuda/attention_decode.cuh); launched without it, they request
-# the rows into L2 instead (the same bits).
-ATTN_STAGE_BYTES = 2 * ATTN_CHUNK * ATTN_COMPILED_HEAD_DIM * F32
 ATTN_STATIC_SHARED = 33_920  # attention's static shared memory (ptxas -v)
 MAX_SHARED_PER_BLOCK = 227 * 1024
 ARGMAX_THREADS = 1024
@@ -375,11 +370,6 @@ class CudaModel:
             "attention_decode_chain_cluster",
         ):  # not the _hd128 forms: no faster with it (docs/cuda-speed-notes.md #82)
             module.kernel(name).prefer_max_shared()
-        if c.head_dim == ATTN_COMPILED_HEAD_DIM:  # their static shared memory and the stage pass the default 48 KiB
-            for cluster, chain in itertools.product((False, True), repeat=2):
-                module.kernel(decode_attention_kernel(c.head_dim, cluster, chain)).set_max_dynamic_shared(
-                    ATTN_STAGE_BYTES
-                )
         self.sms = sms
         for tokens in GEMM_MMA_TOKENS:
             mma_shared = [
@@ -651,7 +641,6 @@ class CudaModel:
                 ("f32", float(c.rms_norm_eps)),
                 ("i32", self.max_chunks),
             ],
-            ATTN_STAGE_BYTES if c.head_dim == ATTN_COMPILED_HEAD_DIM else 0,
             label=name,
         )
 

@@ -11,13 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from decoder_service.engines.cuda.forward import (
-    ATTN_CHUNK,
-    ATTN_STAGE_BYTES,
-    GSTREAM_THREADS,
-    gemv_groups,
-    gemv_stream_shared,
-)
+from decoder_service.engines.cuda.forward import ATTN_CHUNK, GSTREAM_THREADS, gemv_groups, gemv_stream_shared
 from decoder_service.engines.cuda.memory import DeviceBuffer
 from tests.decoder_service.engines.cuda import reference as ref
 from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random, load_module, record, requires_gpu
@@ -634,9 +628,8 @@ def _decode_attention_args(
 def test_decode_attention(
     dev: Device, rng: np.random.Generator, hd: int, pos0: int, device_pos: bool, qk_norm: bool
 ) -> None:
-    """The one-launch decode attention against float64; bit-identical whatever the number of blocks per head,
-    whether the merge runs in a cluster (attention_decode_cluster, up to 8 chunks) or through global records, and
-    whether the hd128 forms stage their first chunk in shared memory (launched with ATTN_STAGE_BYTES) or not;
+    """The one-launch decode attention against float64; bit-identical whatever the number of blocks per head and
+    whether the merge runs in a cluster (attention_decode_cluster, up to 8 chunks) or through global records;
     the cache row it writes is bit-identical to the prefill kernel's; the merge counters are left at zero."""
     heads, kv, ctx, theta, eps = 8, 2, 2048, 1e6, 1e-6
     chunks = ctx // ATTN_CHUNK
@@ -656,26 +649,19 @@ def test_decode_attention(
     outs, caches = [], []
     # attention_decode_cluster merges contexts of up to 8 chunks inside a cluster (grids of whole clusters of 8)
     runs = [
-        ("attention_decode", 16, 0),
-        ("attention_decode", 3, 0),
-        ("attention_decode_cluster", 16, 0),
-        ("attention_decode_cluster", 8, 0),
+        ("attention_decode", 16),
+        ("attention_decode", 3),
+        ("attention_decode_cluster", 16),
+        ("attention_decode_cluster", 8),
     ]
-    if hd == 128:  # compiled for head_dim 128, with and without the staged chunk
-        for kernel in ("attention_decode_hd128", "attention_decode_cluster_hd128"):
-            dev.module.kernel(kernel).set_max_dynamic_shared(ATTN_STAGE_BYTES)
-        for shared in (0, ATTN_STAGE_BYTES):
-            runs += [
-                ("attention_decode_hd128", 16, shared),
-                ("attention_decode_hd128", 3, shared),
-                ("attention_decode_cluster_hd128", 8, shared),
-            ]
-    for kernel, blocks, shared in runs:
+    if hd == 128:  # compiled for head_dim 128
+        runs += [("attention_decode_hd128", 16), ("attention_decode_hd128", 3), ("attention_decode_cluster_hd128", 8)]
+    for kernel, blocks in runs:
         kb, vb, out = dev.put(k_cache), dev.put(v_cache), dev.poisoned(heads * hd)
         bufs = {"qkv": qb.ptr, "q_norm": qn_ptr, "k_norm": kn_ptr, "k": kb.ptr, "v": vb.ptr}
         bufs |= {"partial": part.ptr, "out": out.ptr, "done": done.ptr, "pos": pos_ptr}
         args = _decode_attention_args(bufs, ("i32", host_pos), heads, kv, hd, table.ptr, eps, chunks)
-        dev.launch(kernel, (heads, blocks, 1), (256, 1, 1), args, shared)
+        dev.launch(kernel, (heads, blocks, 1), (256, 1, 1), args)
         outs.append(dev.get(out, F32, heads * hd))
         caches.append((dev.get(kb, F32, (ctx, kv, hd)), dev.get(vb, F32, (ctx, kv, hd))))
         assert not dev.get(done, np.int32, heads).any(), "the merge counters must be left at zero"
@@ -759,17 +745,15 @@ def test_decode_attention_chain_gives_each_token_a_single_steps_bits(
         want.append(dev.get(out, F32, heads * hd))
     want_k, want_v = dev.get(kb, F32, (ctx, kv, hd)), dev.get(vb, F32, (ctx, kv, hd))
 
-    runs = [("attention_decode_chain", 24, 0), ("attention_decode_chain", 96, 0), ("attention_decode_chain", 5, 0)]
+    runs = [("attention_decode_chain", 24), ("attention_decode_chain", 96), ("attention_decode_chain", 5)]
     if pos0 + count <= 8 * ATTN_CHUNK:  # the cluster merge holds up to 8 chunks
-        runs.append(("attention_decode_chain_cluster", 8, 0))
-    if hd == 128:  # the hd128 forms with and without the staged chunk
-        for kernel in ("attention_decode_chain_hd128", "attention_decode_chain_cluster_hd128"):
-            dev.module.kernel(kernel).set_max_dynamic_shared(ATTN_STAGE_BYTES)
-        runs += [(f"{kernel}_hd128", blocks, s) for kernel, blocks, _ in runs for s in (0, ATTN_STAGE_BYTES)]
+        runs.append(("attention_decode_chain_cluster", 8))
+    if hd == 128:
+        runs += [(f"{kernel}_hd128", blocks) for kernel, blocks in runs]
     pos_ptr = dev.put(np.array([pos0], dtype=np.int32)).ptr
     count_ptr = dev.put(np.array([count], dtype=np.int32)).ptr
     qkv_b = dev.put(qkv).ptr
-    for kernel, blocks, shared in runs:
+    for kernel, blocks in runs:
         kb, vb, out = dev.put(k_cache), dev.put(v_cache), dev.poisoned(tokens * heads * hd)
         dev.launch(
             "attention_chain_rows",
@@ -796,11 +780,10 @@ def test_decode_attention_chain_gives_each_token_a_single_steps_bits(
             (heads, blocks, tokens),
             (256, 1, 1),
             _decode_attention_args(bufs, ("ptr", count_ptr), heads, kv, hd, table, 1e-6, chunks),
-            shared,
         )
         got = dev.get(out, F32, (tokens, heads * hd))
         for t in range(count):
-            assert np.array_equal(got[t], want[t]), f"{kernel}, {blocks} blocks a head, {shared} B staged: token {t}"
+            assert np.array_equal(got[t], want[t]), f"{kernel} on {blocks} blocks a head: token {t} differs"
         assert np.array_equal(dev.get(kb, F32, (ctx, kv, hd)), want_k), f"{kernel}: K cache differs"
         assert np.array_equal(dev.get(vb, F32, (ctx, kv, hd)), want_v), f"{kernel}: V cache differs"
         assert not dev.get(done, np.int32, tokens * heads).any(), "the merge counters must be left at zero"

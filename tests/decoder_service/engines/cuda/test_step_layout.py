@@ -46,8 +46,6 @@ def test_control_block_and_output_match_the_kernel_header() -> None:
 def test_decode_attention_chunk_and_cluster_match_the_kernel() -> None:
     macros = _macros("attention_decode.cuh")
     assert (macros["ATTN_CHUNK"], macros["ATTN_CLUSTER"]) == (forward.ATTN_CHUNK, forward.ATTN_CLUSTER)
-    assert macros["ATTN_STAGE_HEAD_DIM"] == forward.ATTN_COMPILED_HEAD_DIM
-    assert 2 * macros["ATTN_CHUNK"] * macros["ATTN_STAGE_HEAD_DIM"] * 4 == forward.ATTN_STAGE_BYTES
 
 
 def test_tensor_core_gemm_layout_matches_the_kernel() -> None:
