@@ -40,7 +40,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <utility>
 #include <vector>
 
 #include "../cuda/async_copy.cuh"
@@ -58,6 +57,9 @@ constexpr int MAX_CONSUMER_WARPS = 12;  // stream_layers' launch bounds: 13 warp
 constexpr size_t shared_bytes(int stages) { return (size_t)stages * SLOT_BYTES + MAX_K * 4; }
 
 enum Mode { BARRIER = 0, FREE = 1, COPY = 2, ARITHMETIC = 3, COMPUTE = 4, BARRIER_STAGED_ONCE = 5 };
+
+// The modes with a grid barrier between phases (the kernel waits at them; the host reads their timestamps).
+__host__ __device__ constexpr bool has_barriers(int mode) { return mode == BARRIER || mode == BARRIER_STAGED_ONCE; }
 
 // Where a block's time goes, in SM cycles summed over the launch: thread 0 times the consumers' steps of each phase
 // (the grid wait includes gap mode's gap; tiles, the reductions and the waits for slots to land), the producer its
@@ -267,7 +269,7 @@ __global__ void __launch_bounds__((MAX_CONSUMER_WARPS + 1) * 32, 1)
 
     RingCursor at;
     int rotation = 0;
-    const bool barriers = p.mode == BARRIER || p.mode == BARRIER_STAGED_ONCE;
+    const bool barriers = has_barriers(p.mode);
     const bool staged_once = p.mode == ARITHMETIC || p.mode == COMPUTE || p.mode == BARRIER_STAGED_ONCE;
     const unsigned long long start_cycles = clock64(), start_ns = global_ns();
     unsigned long long spent[3] = {0, 0, 0}, mark = start_cycles;
@@ -510,7 +512,7 @@ int main(int argc, char** argv) {
                 // The last timed launch's barriers, µs each averaged over them: how far apart the blocks arrived,
                 // from the last arrival to the first release, how far apart they left, and a block's mean wait.
                 char barrier_json[320] = "";
-                if (modes[m] == BARRIER || modes[m] == BARRIER_STAGED_ONCE) {
+                if (has_barriers(modes[m])) {
                     std::vector<unsigned long long> st(n_stamps);
                     CHECK(cudaMemcpy(st.data(), stamps, n_stamps * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
                     double spread = 0, latency = 0, release_spread = 0, wait = 0;
