@@ -8,7 +8,9 @@ by its generated tokens, the median over the intents after one warm-up answer. E
 forward pass after every token but the last (``forced_tail=False, forced_chains=False``), so its per-token time is
 the cost of a step; the "default" variant is the product's, which takes the answer's forced end without forward
 passes and feeds forced chains through one pass (the same answers), timed per generated token and per forward
-pass.
+pass. The FP8 variants run the same model with its layer projections rounded to e4m3 rows with power-of-two scales
+(decoder_service/models/fp8.py): the bf16 kernels on those weights, then the FP8 weight format (single-token GEMVs
+reading e4m3 bytes), whose answers must be the same.
 
     PYTHONPATH=. python3 bench/gpu_decode.py --out results/bench_gpu_decode.json
 """
@@ -20,6 +22,7 @@ import json
 import re
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +66,7 @@ def measure(engine, trie, prefix: list[int], intents: list[list[int]], k: int) -
     }
 
 
-def bench_shape(name: str, n_intents: int, k: int, prompt: int) -> dict:
+def bench_shape(name: str, n_intents: int, k: int, prompt: int, fp8_only: bool = False) -> dict:
     from decoder_service.engines.cuda.engine import CudaEngine
 
     cfg = SHAPES[name]
@@ -74,12 +77,20 @@ def bench_shape(name: str, n_intents: int, k: int, prompt: int) -> dict:
     intents = [rng.integers(200, cfg.vocab_size, 10).tolist() for _ in range(n_intents)]
     out: dict = {"shape": name, "k": k, "prompt_prefix": prompt, "trie_device_bytes": trie.stats.device_bytes}
 
-    def stepping(**options: object) -> CudaEngine:
+    def stepping(model_weights: dict | None = None, **options: object) -> CudaEngine:
         """A graph-loop, sparse-head engine with a forward pass per token (no forced tail or chains), ``options``
         changing one setting."""
         settings = {"head": "sparse", "loop": "graph", "forced_tail": False, "forced_chains": False, **options}
-        return CudaEngine(cfg, weights, max_context=1024, **settings)
+        return CudaEngine(cfg, weights if model_weights is None else model_weights, max_context=1024, **settings)
 
+    if fp8_only:
+        engine = stepping()
+        out["graph/sparse"] = measure(engine, trie, prefix, intents, k)
+        print(f"{name:18s} graph sparse {out['graph/sparse']['ms_per_token']:8.3f} ms/token", flush=True)
+        engine.free()
+        out |= bench_fp8(cfg, weights, stepping, lambda e: measure(e, trie, prefix, intents, k), prompt, name)
+        out["all_variants_same_answers"] = out["fp8_same_answers"]
+        return out
     engine = None
     for loop, head in VARIANTS:
         if engine is None or engine.loop != loop:
@@ -149,8 +160,37 @@ def bench_shape(name: str, n_intents: int, k: int, prompt: int) -> dict:
             "graph/sparse/default",
         ]
     )
-    out["all_variants_same_answers"] = same
     engine.free()
+    out |= bench_fp8(cfg, weights, stepping, lambda e: measure(e, trie, prefix, intents, k), prompt, name)
+    out["all_variants_same_answers"] = same and out["fp8_same_answers"]
+    return out
+
+
+def bench_fp8(cfg, weights: dict, stepping, measure_engine, prompt: int, name: str) -> dict:
+    """The model with its projections rounded to e4m3 rows: the bf16 kernels on it, the FP8 weight format's
+    stepping and default variants, and the FP8 unconstrained step; whether all three answered alike."""
+    from decoder_service.models.fp8 import quantize_weights
+
+    started = time.perf_counter()
+    quantized = quantize_weights(cfg, weights)
+    out: dict = {"fp8_quantize_seconds": time.perf_counter() - started}
+    for label, options in (
+        ("graph/sparse/fp8-weights-bf16-kernels", {}),
+        ("graph/sparse/fp8", {"weight_format": "fp8"}),
+        ("graph/sparse/fp8-default", {"weight_format": "fp8", "forced_tail": True, "forced_chains": True}),
+    ):
+        started = time.perf_counter()
+        engine = stepping(quantized, **options)
+        load = time.perf_counter() - started
+        out[label] = measure_engine(engine) | {"engine_load_seconds": load}
+        print(f"{name:18s} {label} {out[label]['ms_per_token']:8.3f} ms/token (loaded in {load:.1f} s)", flush=True)
+        if label == "graph/sparse/fp8":
+            m = engine.model
+            m.set_decode_position(prompt + 10)
+            out["fp8_unconstrained_graph_ms_per_token"] = graph_ms(m.stream, m.decode_launches)
+        engine.free()
+    answers = [out[label]["answers"] for label in ("graph/sparse/fp8-weights-bf16-kernels", "graph/sparse/fp8")]
+    out["fp8_same_answers"] = answers[0] == answers[1] == out["graph/sparse/fp8-default"]["answers"]
     return out
 
 
@@ -306,8 +346,41 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
         + ", ".join(f"{b['shape']} {'yes' if b['all_variants_same_answers'] else 'NO'}" for b in bench["shapes"])
         + ".",
     ]
+    lines += fp8_section(bench["shapes"])
     lines += end_to_end_section(run_dir / "e2e.log")
     (results_dir / "gpu_engine.md").write_text("\n".join(lines) + "\n")
+
+
+def fp8_section(shapes: list[dict]) -> list[str]:
+    """The FP8 weight format's table (absent from runs before it existed)."""
+    shapes = [b for b in shapes if "graph/sparse/fp8" in b]
+    if not shapes:
+        return []
+    lines = [
+        "",
+        "## FP8 weights (e4m3 rows, power-of-two row scales)",
+        "",
+        "The same models with every layer projection rounded to e4m3 rows (`--weights fp8`; embeddings, head and",
+        "norms stay bf16). The bf16 kernels on those weights and the FP8 weight format (single-token GEMVs reading",
+        "e4m3 bytes, the same bits) must give the same answers; graph loop, sparse head, a forward pass per token",
+        "but for the default column.",
+        "",
+        "| model | bf16 weights: graph + sparse | FP8 weights, bf16 kernels | FP8 weight format "
+        "| FP8 default: per token (per forward pass) | FP8 unconstrained step (graph) | same answers "
+        "| quantize (s) | FP8 engine load (s) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for b in shapes:
+        default = b["graph/sparse/fp8-default"]
+        lines.append(
+            f"| {b['shape']} | {b['graph/sparse']['ms_per_token']:.3f} ms "
+            f"| {b['graph/sparse/fp8-weights-bf16-kernels']['ms_per_token']:.3f} ms "
+            f"| {b['graph/sparse/fp8']['ms_per_token']:.3f} ms "
+            f"| {default['ms_per_token']:.3f} ms ({default['ms_per_forward_pass']:.3f} ms) "
+            f"| {b['fp8_unconstrained_graph_ms_per_token']:.3f} ms | {'yes' if b['fp8_same_answers'] else 'NO'} "
+            f"| {b['fp8_quantize_seconds']:.1f} | {b['graph/sparse/fp8']['engine_load_seconds']:.1f} |"
+        )
+    return lines
 
 
 def main() -> int:
@@ -319,6 +392,7 @@ def main() -> int:
     parser.add_argument("--intents", type=int, default=10)
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--prompt", type=int, default=200)
+    parser.add_argument("--fp8-only", action="store_true", help="only graph + sparse and the FP8 variants")
     args = parser.parse_args()
     if args.report:
         write_report(args.report, args.results)
@@ -327,7 +401,10 @@ def main() -> int:
     if not ok:
         print(f"no usable GPU: {detail}", file=sys.stderr)
         return 2
-    results = {"device": detail, "shapes": [bench_shape(s, args.intents, args.k, args.prompt) for s in args.shapes]}
+    results = {
+        "device": detail,
+        "shapes": [bench_shape(s, args.intents, args.k, args.prompt, args.fp8_only) for s in args.shapes],
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     return 0 if all(s["all_variants_same_answers"] for s in results["shapes"]) else 1

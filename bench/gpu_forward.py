@@ -114,6 +114,39 @@ def breakdown(stream: Stream, launches: list[Launch], full_ms: float) -> dict[st
     return out
 
 
+def fp8_layout_sweep(stream: Stream, model: CudaModel, position: int) -> dict[str, float]:
+    """Step time (graph replay at ``position``) with each FP8 GEMV kind's (blocks per SM, ring depth) set in turn
+    to every pair that fits, the others as built: which layout the e4m3 rows want (the layout changes no bits)."""
+    from decoder_service.engines.cuda.driver import multiprocessor_count, shared_memory_per_multiprocessor
+    from decoder_service.engines.cuda.forward import (
+        GSTREAM_STATIC_SHARED,
+        MAX_SHARED_PER_BLOCK,
+        SM_RESERVED_SHARED,
+        gemv_stream_shared,
+        gstream_slot_bytes,
+    )
+
+    for name in ("gemv_stream_fp8", "gemv_stream_swiglu_fp8"):
+        model.module.kernel(name).set_max_dynamic_shared(MAX_SHARED_PER_BLOCK - GSTREAM_STATIC_SHARED)
+    sm_shared, sms = shared_memory_per_multiprocessor(), multiprocessor_count()
+    built = dict(model.gemv_fp8_layout)
+    out: dict[str, float] = {}
+    for (k, swiglu), chosen in built.items():
+        for per_sm in (1, 2, 3, 4):
+            for stages in (2, 3, 4, 6):
+                shared = gemv_stream_shared(k, stages, slot_bytes=gstream_slot_bytes(k, 1))
+                if shared + GSTREAM_STATIC_SHARED + SM_RESERVED_SHARED > sm_shared // per_sm:
+                    continue
+                model.gemv_fp8_layout[(k, swiglu)] = (per_sm * sms, stages)
+                launches, _ = model._build(1, tokens_ptr=model.token.ptr, pos=position)
+                mark = " (built)" if (per_sm * sms, stages) == chosen else ""
+                out[f"K={k}{' swiglu' if swiglu else ''}: {per_sm} a SM, ring {stages}{mark}"] = graph_ms(
+                    stream, launches
+                )
+        model.gemv_fp8_layout[(k, swiglu)] = chosen
+    return out
+
+
 def gemv_grid_sweep(stream: Stream, launches: list[Launch], blocks: list[int]) -> dict[str, dict[str, float]]:
     """Step time (graph replay) with one GEMV group's grid set to each of ``blocks``, the others as built.
 
@@ -509,7 +542,14 @@ def main() -> int:
     parser.add_argument(
         "--sweeps",
         default="breakdown,grid,prefix,alone,sync,stream,prefill,chain",
-        help="comma-separated studies: breakdown, grid, prefix, alone, sync, stream, prefill, chain (default: all)",
+        help="comma-separated studies: breakdown, grid, prefix, alone, sync, stream, prefill, chain (default: all), "
+        "fp8layout (with --weights fp8)",
+    )
+    parser.add_argument(
+        "--weights",
+        choices=["bf16", "fp8"],
+        default="bf16",
+        help="fp8: the projections rounded to e4m3 rows and read so (decoder_service/models/fp8.py)",
     )
     args = parser.parse_args()
     sweeps = set(args.sweeps.split(",")) - {""}
@@ -526,8 +566,14 @@ def main() -> int:
     cfg = QWEN3_1_7B
     t0 = time.perf_counter()
     weights = synthetic_weights(cfg, seed=0)
+    if args.weights == "fp8":
+        from decoder_service.models.fp8 import quantize_weights
+
+        weights = quantize_weights(cfg, weights)
     max_context = max(args.max_context, args.prompt + args.tokens + 8)
-    model = CudaModel(cfg, weights, module, max_context=max_context, max_prefill=256, stream=stream)
+    model = CudaModel(
+        cfg, weights, module, max_context=max_context, max_prefill=256, stream=stream, weight_format=args.weights
+    )
     del weights
     setup_s = time.perf_counter() - t0
 
@@ -557,10 +603,11 @@ def main() -> int:
     probe = stream_probe() if "stream" in sweeps else {}
     prefill_parts = prefill_study(stream, model, args.prompt, 36) if "prefill" in sweeps else {}
     chains = chain_study(stream, model, [args.prompt, args.prompt + 508]) if "chain" in sweeps else {}
+    fp8_layouts = fp8_layout_sweep(stream, model, args.prompt) if "fp8layout" in sweeps else {}
     head = next(launch for launch in step if launch.label == "gemv:head")
     head_ms = time_events(stream, lambda: head(stream), 20)
 
-    w_bytes = weight_bytes(cfg)
+    w_bytes = weight_bytes(cfg, args.weights)
     kv_width = cfg.num_kv_heads * cfg.head_dim
     kv_bytes_fp32 = cfg.num_layers * 2 * args.prompt * kv_width * 4  # the cache as implemented (fp32)
     kv_bytes_bf16 = kv_bytes_fp32 // 2
@@ -569,7 +616,8 @@ def main() -> int:
         "device": driver.call("cuDeviceGetName", 256, driver.call("cuCtxGetDevice")).split(b"\0", 1)[0].decode(),
         "driver_version": driver.call("cuDriverGetVersion"),
         "cuda_sources_sha256": cuda_sources_sha256(),
-        "model": "qwen3-1.7b-shape (random bf16)",
+        "model": f"qwen3-1.7b-shape (random bf16{', rounded to e4m3 rows' if args.weights == 'fp8' else ''})",
+        "weight_format": args.weights,
         "prompt_tokens": args.prompt,
         "max_context": max_context,
         "decode_tokens": args.tokens,
@@ -595,6 +643,7 @@ def main() -> int:
         "stream_probe": probe,
         "suffix_prefill": prefill_parts,
         "forced_chain": chains,
+        "fp8_layout_sweep_ms_per_token": fp8_layouts,
         "tokens_head": tokens[:8],
     }
     model.free()

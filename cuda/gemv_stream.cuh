@@ -21,15 +21,26 @@
 // both; a chain's lanes unroll 2 chunks, not 8, so that its MT sums per chunk fit 128 registers. The chain forms also
 // come in blocks of 16 warps (gemv_stream_chain16_*, one an SM), which stage the tokens' rows once for all 16 warps
 // and reduce a warp's plain rows two at a time as well where the ring holds pairs.
-// Requires K % 8 == 0, as gemv_bf16. Dynamic shared memory: stages * GSTREAM_TILE_BYTES + K * 4 bytes (the chain
-// forms: + GSTREAM_CHAIN_TOKENS * K * 4).
+// The FP8 forms (gemv_stream_fp8, gemv_stream_swiglu_fp8; single token only) read e4m3 weights with one float
+// scale per row, a power of two (decoder_service/models/fp8.py). A piece is 4,096 columns (4 KB, or the whole row
+// when shorter) and lane l reads its 8-byte chunks l, l + 32, ...: the chunks of 8 columns that the bf16 kernel's
+// lane l reads, in the same order. Each weight is converted exactly (e4m3 -> f16 -> f32) and the row's sum is
+// multiplied by its scale after the butterfly: rounding commutes with scaling by a power of two, so the result is
+// the bits of the bf16 kernel on the dequantized weights (code * scale) as long as no partial sum is an fp32
+// subnormal (below 2^-126), which activations and weights of real models never reach.
+// Requires K % 8 == 0, as gemv_bf16 (the FP8 forms: K % 16 == 0, 16-byte rows). Dynamic shared memory:
+// stages * GEMV_WARPS * gstream_slot_bytes(K, bytes per weight) + K * 4 bytes (the chain forms: stages *
+// GSTREAM_TILE_BYTES + GSTREAM_CHAIN_TOKENS * K * 4).
 #pragma once
+#include <cuda_fp8.h>
+
 #include "async_copy.cuh"
 #include "common.cuh"
 #include "gemv.cuh"
 
-#define GSTREAM_TILE_K 2048  // columns of a row piece (a multiple of 256, so a lane's chunks stay in order)
-#define GSTREAM_TILE_BYTES (GEMV_WARPS * GSTREAM_TILE_K * 2)  // one piece per warp: the shared memory of a stage
+#define GSTREAM_TILE_K 2048  // columns of a bf16 row piece (a multiple of 256, so a lane's chunks stay in order)
+#define GSTREAM_PIECE_BYTES (GSTREAM_TILE_K * 2)  // a row piece's bytes, at most
+#define GSTREAM_TILE_BYTES (GEMV_WARPS * GSTREAM_PIECE_BYTES)  // one piece per warp: the shared memory of a stage
 #define GSTREAM_MAX_STAGES 6
 #define GSTREAM_THREADS (GEMV_WARPS * TT_WARP)
 #define GSTREAM_CHAIN_TOKENS 4  // the most tokens gemv_stream_chain takes (a forced chain's forward pass)
@@ -51,31 +62,70 @@ struct GstreamCursor {
     }
 };
 
+// Two e4m3 weights (the low byte first) as floats, exactly: the hardware's e4m3x2 -> f16x2 conversion, then f16 ->
+// f32 (HADD2.F32, on the fp32 pipe). Building the fp32 bits with integer operations instead measured slower on an
+// H200 (docs/cuda-speed-notes.md #96).
+__device__ __forceinline__ void e4m3x2_to_float(uint32_t pair, float& lo, float& hi) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+    const float2 f = __half22float2(__half2(h));
+    lo = f.x;
+    hi = f.y;
+}
+
+// gemv_fma_chunk for 8 e4m3 weights (8 bytes: columns 8c .. 8c + 7), in the same order of fmas.
+__device__ __forceinline__ float gemv_fma_chunk_e4m3(float acc, const uint2 w, const float4 xa, const float4 xb) {
+    float w0, w1, w2, w3, w4, w5, w6, w7;
+    e4m3x2_to_float(w.x & 0xFFFFu, w0, w1);
+    e4m3x2_to_float(w.x >> 16, w2, w3);
+    e4m3x2_to_float(w.y & 0xFFFFu, w4, w5);
+    e4m3x2_to_float(w.y >> 16, w6, w7);
+    acc = fmaf(w0, xa.x, acc);
+    acc = fmaf(w1, xa.y, acc);
+    acc = fmaf(w2, xa.z, acc);
+    acc = fmaf(w3, xa.w, acc);
+    acc = fmaf(w4, xb.x, acc);
+    acc = fmaf(w5, xb.y, acc);
+    acc = fmaf(w6, xb.z, acc);
+    acc = fmaf(w7, xb.w, acc);
+    return acc;
+}
+
+// Bytes of a ring slot for K-wide rows of weights of `wb` bytes: a full piece for bf16 (the layout measured), the
+// row itself where an fp8 row is shorter than a piece (fp8 rows are multiples of 16 bytes).
+__host__ __device__ constexpr int gstream_slot_bytes(int K, int wb) {
+    return wb == 2 || K * wb > GSTREAM_PIECE_BYTES ? GSTREAM_PIECE_BYTES : K * wb;
+}
+
 // One warp's weight stream: its ring of pieces in shared memory, their barriers and the cursor of the next piece
-// lane 0 requests. WARPS: the block's warps (8, or 16 for the chain forms' wide blocks).
-template <int WARPS>
+// lane 0 requests. WARPS: the block's warps (8, or 16 for the chain forms' wide blocks). WT: the weights' type,
+// bf16_t or an e4m3 byte (uint8_t; `scale` then holds the rows' scales).
+template <int WARPS, typename WT = bf16_t>
 struct GstreamWarp {
-    const bf16_t* W;
+    static constexpr int TILE = GSTREAM_PIECE_BYTES / sizeof(WT);  // columns of a piece
+    const WT* W;
+    const float* scale;
     unsigned char* ring;
     uint64_t* full;
     uint64_t policy;
     GstreamCursor next;
     int N, K, k_tiles, passes, stages, pieces, warp;
+    __device__ __forceinline__ int slot_bytes() const { return gstream_slot_bytes(K, sizeof(WT)); }
     __device__ __forceinline__ void issue(int slot) {  // lane 0: the next piece into the slot
         const int row = next.p * (N / 2) + next.g * WARPS + warp;
-        const int col = next.kt * GSTREAM_TILE_K, width = min(GSTREAM_TILE_K, K - col);
-        mbar_arrive_expect_tx(&full[slot], (uint32_t)(width * 2));
-        bulk_copy_to_shared(ring + slot * (GSTREAM_TILE_K * 2), W + (size_t)row * K + col, width * 2, &full[slot],
-                            policy);
+        const int col = next.kt * TILE, width = min(TILE, K - col);
+        const uint32_t bytes = width * sizeof(WT);
+        mbar_arrive_expect_tx(&full[slot], bytes);
+        bulk_copy_to_shared(ring + slot * slot_bytes(), W + (size_t)row * K + col, bytes, &full[slot], policy);
         next.advance(k_tiles, passes);
     }
 };
 
 // The warp's stream set up and its ring filled: only weights so far, which no kernel writes, so the ring fills
 // while the kernel before still runs. `full` is the warp's GSTREAM_MAX_STAGES barriers.
-template <bool SWIGLU, int WARPS = GEMV_WARPS>
-__device__ __forceinline__ GstreamWarp<WARPS> gemv_stream_start(const bf16_t* __restrict__ W, int N, int K,
-                                                                int stages, unsigned char* smem, uint64_t* full) {
+template <bool SWIGLU, int WARPS = GEMV_WARPS, typename WT = bf16_t>
+__device__ __forceinline__ GstreamWarp<WARPS, WT> gemv_stream_start(const WT* __restrict__ W,
+                                                                    const float* __restrict__ scale, int N, int K,
+                                                                    int stages, unsigned char* smem, uint64_t* full) {
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
     const int out_rows = SWIGLU ? N / 2 : N;
     constexpr int passes = SWIGLU ? 2 : 1;  // a group's gate row, then its up row
@@ -85,19 +135,21 @@ __device__ __forceinline__ GstreamWarp<WARPS> gemv_stream_start(const bf16_t* __
     // spread over the whole memory rather than over as many distant regions as there are blocks.
     const int warp_groups = (out_rows - warp + WARPS - 1) / WARPS;
     const int my_groups = blockIdx.x < warp_groups ? (warp_groups - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-    const int k_tiles = (K + GSTREAM_TILE_K - 1) / GSTREAM_TILE_K;
-    GstreamWarp<WARPS> st{W,
-                          smem + (size_t)warp * stages * (GSTREAM_TILE_K * 2),
-                          full,
-                          l2_evict_first_policy(),  // weights are read once per step
-                          GstreamCursor{(int)blockIdx.x, 0, 0},
-                          N,
-                          K,
-                          k_tiles,
-                          passes,
-                          stages,
-                          my_groups * passes * k_tiles,
-                          warp};
+    using Stream = GstreamWarp<WARPS, WT>;
+    const int k_tiles = (K + Stream::TILE - 1) / Stream::TILE;
+    Stream st{W,
+              scale,
+              smem + (size_t)warp * stages * gstream_slot_bytes(K, sizeof(WT)),
+              full,
+              l2_evict_first_policy(),  // weights are read once per step
+              GstreamCursor{(int)blockIdx.x, 0, 0},
+              N,
+              K,
+              k_tiles,
+              passes,
+              stages,
+              my_groups * passes * k_tiles,
+              warp};
     if (lane == 0) {
         for (int s = 0; s < stages; ++s) mbar_init(&full[s], 1);  // the issuing arrival, plus the bytes
         mbar_init_fence();
@@ -287,11 +339,14 @@ __device__ __forceinline__ void gemv_stream_row_pair(GstreamWarp<WARPS>& st, con
 // After the wait: the input rows of tokens t0 .. t0 + MT - 1 staged, then the warp's rows reduced against each of
 // them. Token t's sum is the single-token sum (chunks in the same order, the same butterfly), whatever MT is: a
 // weight chunk leaves shared memory once for all MT tokens.
-template <bool SWIGLU, int MT, int WARPS = GEMV_WARPS>
-__device__ __forceinline__ void gemv_stream_rows(GstreamWarp<WARPS>& st, const float* __restrict__ x,
+template <bool SWIGLU, int MT, int WARPS = GEMV_WARPS, typename WT = bf16_t>
+__device__ __forceinline__ void gemv_stream_rows(GstreamWarp<WARPS, WT>& st, const float* __restrict__ x,
                                                  const bf16_t* __restrict__ norm_w, int x_mode, float eps,
                                                  const bf16_t* __restrict__ bias, const float* residual, float* y,
                                                  int t0, float* scratch) {
+    static_assert(MT == 1 || sizeof(WT) == 2, "the chain forms read bf16 weights");
+    constexpr bool FP8 = sizeof(WT) == 1;
+    constexpr int TILE = GstreamWarp<WARPS, WT>::TILE;
     extern __shared__ __align__(16) unsigned char gstream_smem[];
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
     const int N = st.N, K = st.K, k_tiles = st.k_tiles, stages = st.stages, pieces = st.pieces;
@@ -310,7 +365,7 @@ __device__ __forceinline__ void gemv_stream_rows(GstreamWarp<WARPS>& st, const f
 #pragma unroll
     for (int t = 0; t < MT; ++t) res[t] = residual_of(blockIdx.x, t);
 
-    float4* xs4 = reinterpret_cast<float4*>(gstream_smem + (size_t)stages * WARPS * (GSTREAM_TILE_K * 2));
+    float4* xs4 = reinterpret_cast<float4*>(gstream_smem + (size_t)stages * WARPS * st.slot_bytes());
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 1);
     if constexpr (MT == 1)
         gemv_stage_input<true>(xs4, x + (size_t)t0 * K, norm_w, x_mode, eps, K, scratch);
@@ -365,9 +420,12 @@ __device__ __forceinline__ void gemv_stream_rows(GstreamWarp<WARPS>& st, const f
                 continue;
             }
         }
-        float bias_p[passes];
+        float bias_p[passes], scale_p[passes];
 #pragma unroll
-        for (int p = 0; p < passes; ++p) bias_p[p] = writer && bias ? bf16_to_float(bias[p * (N / 2) + j]) : 0.0f;
+        for (int p = 0; p < passes; ++p) {
+            bias_p[p] = writer && bias ? bf16_to_float(bias[p * (N / 2) + j]) : 0.0f;
+            scale_p[p] = FP8 && writer ? st.scale[p * (N / 2) + j] : 1.0f;
+        }
         float sums[passes][MT];
         if constexpr (SWIGLU && MT > 1) {
             if (pair_gate_up) gemv_stream_row_pair<MT, WARPS>(st, xs4, s, phase, i, sums);
@@ -380,16 +438,24 @@ __device__ __forceinline__ void gemv_stream_rows(GstreamWarp<WARPS>& st, const f
                 for (int t = 0; t < MT; ++t) acc[t] = 0.0f;
                 for (int kt = 0; kt < k_tiles; ++kt, ++i) {
                     mbar_wait(&st.full[s], phase);
-                    const uint4* wt = reinterpret_cast<const uint4*>(st.ring + s * (GSTREAM_TILE_K * 2));
-                    const int chunks = min(GSTREAM_TILE_K, K - kt * GSTREAM_TILE_K) / 8;
-                    const int base = kt * (GSTREAM_TILE_K / 8);
+                    const unsigned char* slot = st.ring + s * st.slot_bytes();
+                    const int chunks = min(TILE, K - kt * TILE) / 8;
+                    const int base = kt * (TILE / 8);
+                    if constexpr (FP8) {
+                        const uint2* wt = reinterpret_cast<const uint2*>(slot);
 #pragma unroll unroll
-                    for (int c = lane; c < chunks; c += TT_WARP) {
-                        const uint4 w = wt[c];
+                        for (int c = lane; c < chunks; c += TT_WARP)
+                            acc[0] = gemv_fma_chunk_e4m3(acc[0], wt[c], xs4[base + c], xs4[K / 8 + base + c]);
+                    } else {
+                        const uint4* wt = reinterpret_cast<const uint4*>(slot);
+#pragma unroll unroll
+                        for (int c = lane; c < chunks; c += TT_WARP) {
+                            const uint4 w = wt[c];
 #pragma unroll
-                        for (int t = 0; t < MT; ++t)
-                            acc[t] = gemv_fma_chunk(acc[t], w, xs4[t * (K / 4) + base + c],
-                                                    xs4[t * (K / 4) + K / 8 + base + c]);
+                            for (int t = 0; t < MT; ++t)
+                                acc[t] = gemv_fma_chunk(acc[t], w, xs4[t * (K / 4) + base + c],
+                                                        xs4[t * (K / 4) + K / 8 + base + c]);
+                        }
                     }
                     __syncwarp();  // every lane has read the slot
                     if (lane == 0 && i + stages < pieces) {
@@ -408,9 +474,9 @@ __device__ __forceinline__ void gemv_stream_rows(GstreamWarp<WARPS>& st, const f
         if (writer) {
 #pragma unroll
             for (int t = 0; t < MT; ++t) {
-                float acc = sums[0][t];
+                float acc = sums[0][t] * scale_p[0];  // exact: a power of two (1 for bf16)
                 if constexpr (SWIGLU) {
-                    float up = sums[1][t];
+                    float up = sums[1][t] * scale_p[1];
                     if (bias) {
                         acc += bias_p[0];
                         up += bias_p[1];
@@ -429,19 +495,20 @@ __device__ __forceinline__ void gemv_stream_rows(GstreamWarp<WARPS>& st, const f
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4 + 3);
 }
 
-// One token (blockIdx.y) of gemv_bf16's rows with one warp per row.
-template <bool SWIGLU>
-__device__ __forceinline__ void gemv_stream(const bf16_t* __restrict__ W, const float* __restrict__ x,
-                                            const bf16_t* __restrict__ norm_w, int x_mode, float eps,
-                                            const bf16_t* __restrict__ bias, const float* residual, float* y, int N,
-                                            int K, int stages) {
+// One token (blockIdx.y) of gemv_bf16's rows with one warp per row (bf16 weights, or e4m3 with row scales).
+template <bool SWIGLU, typename WT = bf16_t>
+__device__ __forceinline__ void gemv_stream(const WT* __restrict__ W, const float* __restrict__ scale,
+                                            const float* __restrict__ x, const bf16_t* __restrict__ norm_w,
+                                            int x_mode, float eps, const bf16_t* __restrict__ bias,
+                                            const float* residual, float* y, int N, int K, int stages) {
     extern __shared__ __align__(16) unsigned char gstream_smem[];
     __shared__ __align__(8) uint64_t full[GEMV_WARPS][GSTREAM_MAX_STAGES];
     __shared__ float scratch[32];
-    GstreamWarp st = gemv_stream_start<SWIGLU>(W, N, K, stages, gstream_smem, full[threadIdx.x / TT_WARP]);
+    GstreamWarp<GEMV_WARPS, WT> st = gemv_stream_start<SWIGLU, GEMV_WARPS, WT>(W, scale, N, K, stages, gstream_smem,
+                                                                               full[threadIdx.x / TT_WARP]);
     TT_MARK(GEMV_TRACE_SLOT + blockIdx.x * 4);  // gemv_bf16's probes
     pdl_enter();
-    gemv_stream_rows<SWIGLU, 1>(st, x, norm_w, x_mode, eps, bias, residual, y, blockIdx.y, scratch);
+    gemv_stream_rows<SWIGLU, 1, GEMV_WARPS, WT>(st, x, norm_w, x_mode, eps, bias, residual, y, blockIdx.y, scratch);
 }
 
 // The tokens of a forced chain, as many as *count (2 to GSTREAM_CHAIN_TOKENS, read after the wait): each token's
@@ -456,7 +523,7 @@ __device__ __forceinline__ void gemv_stream_chain(const bf16_t* __restrict__ W, 
     __shared__ __align__(8) uint64_t full[WARPS][GSTREAM_MAX_STAGES];
     __shared__ float scratch[32 * GSTREAM_CHAIN_TOKENS];  // block_sums of the tokens' sums of squares
     GstreamWarp<WARPS> st =
-        gemv_stream_start<SWIGLU, WARPS>(W, N, K, stages, gstream_smem, full[threadIdx.x / TT_WARP]);
+        gemv_stream_start<SWIGLU, WARPS>(W, nullptr, N, K, stages, gstream_smem, full[threadIdx.x / TT_WARP]);
     pdl_enter();
     switch (*count) {  // uniform: one value for the whole grid
         case 2: gemv_stream_rows<SWIGLU, 2, WARPS>(st, x, norm_w, x_mode, eps, bias, residual, y, 0, scratch); break;
@@ -470,14 +537,31 @@ extern "C" __global__ void __launch_bounds__(GSTREAM_THREADS)
 gemv_stream_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_t* __restrict__ norm_w,
                  int x_mode, float eps, const bf16_t* __restrict__ bias, const float* residual, float* y, int N, int K,
                  int stages) {
-    gemv_stream<false>(W, x, norm_w, x_mode, eps, bias, residual, y, N, K, stages);
+    gemv_stream<false>(W, nullptr, x, norm_w, x_mode, eps, bias, residual, y, N, K, stages);
 }
 
 // y[j] = silu_mul(row j, row N / 2 + j) of the fused gate|up weight, as gemv_swiglu_bf16 with one warp per row.
 extern "C" __global__ void __launch_bounds__(GSTREAM_THREADS)
 gemv_stream_swiglu_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x, const bf16_t* __restrict__ norm_w,
                         int x_mode, float eps, const bf16_t* __restrict__ bias, float* y, int N, int K, int stages) {
-    gemv_stream<true>(W, x, norm_w, x_mode, eps, bias, nullptr, y, N, K, stages);
+    gemv_stream<true>(W, nullptr, x, norm_w, x_mode, eps, bias, nullptr, y, N, K, stages);
+}
+
+// gemv_stream_bf16 with e4m3 weights (W) and their rows' power-of-two scales: the bits of gemv_stream_bf16 on the
+// dequantized weights W[n, k] * scale[n] (see the header). Requires K % 16 == 0.
+extern "C" __global__ void __launch_bounds__(GSTREAM_THREADS)
+gemv_stream_fp8(const uint8_t* __restrict__ W, const float* __restrict__ scale, const float* __restrict__ x,
+                const bf16_t* __restrict__ norm_w, int x_mode, float eps, const bf16_t* __restrict__ bias,
+                const float* residual, float* y, int N, int K, int stages) {
+    gemv_stream<false, uint8_t>(W, scale, x, norm_w, x_mode, eps, bias, residual, y, N, K, stages);
+}
+
+// gemv_stream_swiglu_bf16 with e4m3 weights and row scales (the gate rows' scales, then the up rows').
+extern "C" __global__ void __launch_bounds__(GSTREAM_THREADS)
+gemv_stream_swiglu_fp8(const uint8_t* __restrict__ W, const float* __restrict__ scale, const float* __restrict__ x,
+                       const bf16_t* __restrict__ norm_w, int x_mode, float eps, const bf16_t* __restrict__ bias,
+                       float* y, int N, int K, int stages) {
+    gemv_stream<true, uint8_t>(W, scale, x, norm_w, x_mode, eps, bias, nullptr, y, N, K, stages);
 }
 
 // The chain forms of the two kernels above: *count tokens (2 to GSTREAM_CHAIN_TOKENS), rows 0 .. *count - 1 of x,

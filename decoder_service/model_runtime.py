@@ -14,6 +14,7 @@ from decoder_service.engines.catalog import PreparedCatalog, Tool
 from decoder_service.engines.factory import make_engine
 from decoder_service.engines.prompt import prepare_catalog
 from decoder_service.models.config import ModelConfig
+from decoder_service.models.fp8 import WEIGHT_FORMATS, quantize_weights
 from decoder_service.models.loader import load_model, resolve_model_path
 from decoder_service.models.tokenizer_source import chat_template, model_tokenizer
 from decoder_service.models.weights import Weights
@@ -67,26 +68,34 @@ def load_runtime(
     prompt_budget: int | None = None,
     progress: Callable[[str], None] = lambda stage: None,
     template_file: Path | None = None,
+    weight_format: str = "bf16",
 ) -> ModelRuntime:
     """The model at `model` (None: the embedded SmolLM2-135M-Instruct) on the chosen engine.
 
     `progress` is called as each of LOAD_STAGES begins, for a progress bar. `template_file`: a Jinja2 chat
-    template to use instead of the model's own.
+    template to use instead of the model's own. `weight_format` 'fp8': the layer projections rounded to e4m3 rows
+    with power-of-two scales at load (decoder_service/models/fp8.py), a model every engine then computes with; the
+    CUDA engine reads them as e4m3 bytes.
     """
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; accepted: {', '.join(ENGINES)}")
+    if weight_format not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format {weight_format!r}; accepted: {', '.join(WEIGHT_FORMATS)}")
     path = resolve_model_path(model)
     started = time.perf_counter()
     progress(LOAD_STAGES[0])
     config, weights = load_model(path)
+    if weight_format == "fp8":
+        weights = quantize_weights(config, weights)
     progress(LOAD_STAGES[1])
     tokenizer = model_tokenizer(path)
     progress(LOAD_STAGES[2])
     log.info(
-        "loaded %s (%s, %d layers) in %.1fs",
+        "loaded %s (%s, %d layers, %s weights) in %.1fs",
         path.name,
         config.architecture,
         config.num_layers,
+        weight_format,
         time.perf_counter() - started,
     )
     return ModelRuntime(
@@ -94,22 +103,22 @@ def load_runtime(
         config,
         tokenizer,
         template_file.read_text() if template_file else chat_template(path),
-        _pick_engine(engine, config, weights, head),
+        _pick_engine(engine, config, weights, head, weight_format),
         prompt_budget,
     )
 
 
-def _pick_engine(kind: str, config: ModelConfig, weights: Weights, head: str) -> Engine:
+def _pick_engine(kind: str, config: ModelConfig, weights: Weights, head: str, weight_format: str) -> Engine:
     """'auto' takes the CUDA engine when a GPU and the cubin are usable, else the CPU engine; one log line says why."""
     if kind in ("auto", "cuda"):
         reason = _cuda_unusable_reason()
         if reason is None:
             log.info("engine %s: using the CUDA engine (head %s)", kind, head)
-            return make_engine("cuda", config, weights, head)
+            return make_engine("cuda", config, weights, head, weight_format=weight_format)
         if kind == "cuda":
             raise RuntimeError(f"engine cuda requested but {reason}")
         log.info("engine auto: %s; using the CPU engine", reason)
-    return make_engine("cpu", config, weights, head)
+    return make_engine("cpu", config, weights, head, weight_format=weight_format)
 
 
 def _cuda_unusable_reason() -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from decoder_service.engines.base import Engine
 from decoder_service.models.config import ModelConfig
+from decoder_service.models.fp8 import WEIGHT_FORMATS
 from decoder_service.models.weights import Weights
 
 #: Engines usable on every machine; the CUDA engine is added where a GPU is (see the engine test fixtures).
@@ -22,9 +23,14 @@ def make_engine(
     head: str = "sparse",
     forced_tail: bool | None = None,
     forced_chains: bool | None = None,
+    weight_format: str = "bf16",
 ) -> Engine:
     """``forced_tail``, ``forced_chains`` None: the engines' defaults ($TOOLTRIE_FORCED_TAIL and
-    $TOOLTRIE_FORCED_CHAINS, else on)."""
+    $TOOLTRIE_FORCED_CHAINS, else on). ``weight_format`` 'fp8': ``weights`` are quantized already
+    (``decoder_service.models.fp8.quantize_weights``); the CUDA engine then also reads them as e4m3 bytes, the CPU
+    engine computes with them as they are."""
+    if weight_format not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format {weight_format!r}; accepted: {', '.join(WEIGHT_FORMATS)}")
     if name == "cpu":
         from decoder_service.engines.cpu.engine import CpuEngine
         from decoder_service.engines.cpu.model import CpuTransformer
@@ -42,5 +48,6 @@ def make_engine(
             max_context=min(config.max_position_embeddings, CUDA_MAX_CONTEXT),
             forced_tail=forced_tail,
             forced_chains=forced_chains,
+            weight_format=weight_format,
         )
     raise ValueError(f"unknown engine {name!r}; available: {', '.join(KNOWN_ENGINES)}")

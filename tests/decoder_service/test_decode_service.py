@@ -262,3 +262,27 @@ def test_catalog_over_the_prompt_budget_is_refused_by_name(sqlite_registry: Runn
         assert "prompt budget of 60 tokens" in error.details()
     finally:
         decoder.server.stop(grace=1)
+
+
+def test_fp8_weights_serve_exact_answers(sqlite_registry: RunningRegistry, tiny_dir: Path) -> None:
+    """A decoder loaded with the FP8 weight format computes with e4m3 rows and answers over gRPC as any other."""
+    from decoder_service.models.fp8 import fp8_rows
+
+    runtime = load_runtime(tiny_dir, engine="cpu", weight_format="fp8")
+    q_proj = runtime.engine.model.w["model.layers.0.self_attn.q_proj.weight"]
+    fp8_rows(q_proj, "q_proj")  # raises unless every row is e4m3 times a power of two
+    with sqlite_registry.client() as client:
+        client.push("workplace", EXAMPLE_CATALOG.read_bytes(), activate=True)
+    decoder = start_decoder(sqlite_registry, runtime, node_id="fp8")
+    decoder.wait_for("workplace", 1)
+    try:
+        pointers, summary = decode(decoder, "open an issue about the failing build", 3)
+        assert len({p.tool for p in pointers}) == 3 and {p.tool for p in pointers} <= EXAMPLE_NAMES
+        assert summary.catalog_version == 1
+    finally:
+        decoder.server.stop(grace=1)
+
+
+def test_unknown_weight_format_is_refused(tiny_dir: Path) -> None:
+    with pytest.raises(ValueError, match="unknown weight format 'int4'; accepted: bf16, fp8"):
+        load_runtime(tiny_dir, engine="cpu", weight_format="int4")

@@ -26,6 +26,15 @@ def decoder() -> None:
 @click.option("--model", default=None, help="GGUF file or HF directory; default: the embedded SmolLM2-135M.")
 @click.option("--engine", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--head", type=click.Choice(["sparse", "dense"]), default="sparse", show_default=True)
+@click.option(
+    "--weights",
+    "weight_format",
+    type=click.Choice(["bf16", "fp8"]),
+    envvar="TOOLTRIE_WEIGHTS",
+    default="bf16",
+    show_default=True,
+    help="fp8: layer projections rounded to e4m3 rows with power-of-two scales at load [env TOOLTRIE_WEIGHTS].",
+)
 @click.option("--node-id", default="", help="Identity reported to the registry; default HOST:PORT.")
 @click.option("--max-active", type=int, default=1, show_default=True, help="Decodes running at once.")
 @click.option("--max-queued", type=int, default=32, show_default=True, help="Decodes waiting; beyond: refused.")
@@ -53,6 +62,7 @@ def serve(
     model: str | None,
     engine: str,
     head: str,
+    weight_format: str,
     node_id: str,
     max_active: int,
     max_queued: int,
@@ -69,7 +79,7 @@ def serve(
     from decoder_service.server import DecoderConfig, DecoderServer
 
     setup_logging()
-    runtime = load_runtime(model, engine=engine, head=head, template_file=chat_template)
+    runtime = load_runtime(model, engine=engine, head=head, template_file=chat_template, weight_format=weight_format)
     config = DecoderConfig(
         registry=registry,
         registry_token=resolve_token(token),

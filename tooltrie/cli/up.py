@@ -37,6 +37,15 @@ EXAMPLE_INTENTS = (
 @click.option("--model", default=None, help="GGUF file or HF directory; default: the embedded SmolLM2-135M.")
 @click.option("--engine", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option(
+    "--weights",
+    "weight_format",
+    type=click.Choice(["bf16", "fp8"]),
+    envvar="TOOLTRIE_WEIGHTS",
+    default="bf16",
+    show_default=True,
+    help="fp8: layer projections rounded to e4m3 rows with power-of-two scales at load [env TOOLTRIE_WEIGHTS].",
+)
+@click.option(
     "--catalog-file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=EXAMPLE_CATALOG,
@@ -51,6 +60,7 @@ def up(
     decoder_listen: str,
     model: str | None,
     engine: str,
+    weight_format: str,
     catalog_file: Path,
     catalog_name: str,
     once: bool,
@@ -71,6 +81,7 @@ def up(
             runtime = load_runtime(
                 model,
                 engine=engine,
+                weight_format=weight_format,
                 progress=lambda stage: (bar.set_postfix_str(stage), bar.update(0 if stage == LOAD_STAGES[0] else 1)),
             )
             bar.update(bar.total - bar.n)

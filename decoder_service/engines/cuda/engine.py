@@ -86,7 +86,9 @@ class CudaEngine(Engine):
     tokens and scores, gate 11). Default $TOOLTRIE_FORCED_TAIL, else on. ``forced_chains``: the tokens the grammar
     forces after a chosen one (up to CHAIN_TOKENS in all) go through the model in one forward pass, whose every token
     has the bits of a pass of its own (gate 12); where the model's step takes no chains (``supports_chains``), one
-    pass per token. Default $TOOLTRIE_FORCED_CHAINS, else on."""
+    pass per token. Default $TOOLTRIE_FORCED_CHAINS, else on. ``weight_format``: 'bf16', or 'fp8' for weights
+    quantized by ``decoder_service.models.fp8.quantize_weights`` (CudaModel's single-token GEMVs then read e4m3
+    bytes: the same bits, half the weight bytes)."""
 
     name = "cuda"
 
@@ -106,6 +108,7 @@ class CudaEngine(Engine):
         cluster_attention: bool | None = None,
         forced_tail: bool | None = None,
         forced_chains: bool | None = None,
+        weight_format: str = "bf16",
     ) -> None:
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; accepted: {', '.join(HEADS)}")
@@ -119,7 +122,13 @@ class CudaEngine(Engine):
         self.forced_chains = forced_chains_default() if forced_chains is None else forced_chains
         self.module = module or load_module()  # one module per engine: its constant bank is this engine's
         self.model = CudaModel(
-            config, weights, self.module, max_context=max_context, max_prefill=max_prefill, decode_kernel=decode_kernel
+            config,
+            weights,
+            self.module,
+            max_context=max_context,
+            max_prefill=max_prefill,
+            decode_kernel=decode_kernel,
+            weight_format=weight_format,
         )
         self.stream = self.model.stream
         self.state = StepState(config.vocab_size, K_MAX * (MAX_NAME_TOKENS + 1), self.stream)

@@ -18,7 +18,7 @@ from decoder_service.engines.cuda.driver import Stream, multiprocessor_count, sh
 from decoder_service.engines.cuda.memory import DeviceBuffer
 from decoder_service.engines.cuda.module import Launch, Module
 from decoder_service.engines.cuda.persistent import PersistentDecode, decode_kernel_choice
-from decoder_service.engines.cuda.weights import ModelWeights, upload_weights
+from decoder_service.engines.cuda.weights import Fp8Weight, ModelWeights, upload_weights
 from decoder_service.engines.env import env_int
 from decoder_service.models.config import ModelConfig
 
@@ -50,6 +50,13 @@ GSTREAM_CHAIN_WIDE_STATIC_SHARED = 1280  # the 16-warp chain forms' (twice the b
 GSTREAM_BLOCKS_PER_SM = 2
 GSTREAM_SWIGLU_BLOCKS_PER_SM = 3  # gate|up (a gate and an up piece per group): measured faster so
 GSTREAM_MIN_STAGES = 2  # a ring below which a GEMV takes fewer blocks per SM
+# The FP8 forms (weight_format 'fp8'): rings of 2 pieces and more blocks per SM, four for the plain GEMVs and three for
+# gate|up. Measured on an H200 with the Qwen3-1.7B shape (bench/gpu_forward.py --weights fp8 --sweeps fp8layout,
+# docs/cuda-speed-notes.md #96): the step took 1.115 ms with the bf16 forms' layout (deeper rings), 1.093 with the
+# 2,048-wide plain rows at four a SM, 1.068 with gate|up at three, each with rings of 2.
+GSTREAM_FP8_BLOCKS_PER_SM = 4
+GSTREAM_FP8_SWIGLU_BLOCKS_PER_SM = 3
+GSTREAM_FP8_MAX_STAGES = 2
 # A forced chain's forward pass (cuda/trie_step.cuh's TT_FLAG_CHAINS) takes up to CHAIN_TOKENS tokens: the GEMVs'
 # chain forms stage every token's input row and reduce each weight piece against all of them (GSTREAM_CHAIN_TOKENS).
 # They run as one block of 16 warps an SM (gemv_stream_chain16_*), which stages the tokens' rows once for all 16
@@ -152,22 +159,37 @@ def gemv_groups(n_out: int, warps_per_row: int, swiglu_out: bool = False, warps:
     return -(-n_out // rows)
 
 
-def gemv_stream_shared(k_in: int, stages: int, tokens: int = 1, warps: int = GEMV_WARPS) -> int:
-    """Dynamic shared memory of a streaming GEMV block of ``warps`` warps: its ring of weight pieces and its staged
-    input rows (one per token: CHAIN_TOKENS for the chain forms)."""
-    return stages * warps * GSTREAM_PIECE_BYTES + tokens * k_in * F32
+def gstream_slot_bytes(k_in: int, weight_bytes: int = 2) -> int:
+    """A ring slot's bytes for ``k_in``-wide rows of ``weight_bytes``-byte weights (cuda/gemv_stream.cuh): a full
+    piece for bf16, the row itself where an e4m3 row is shorter than a piece."""
+    return GSTREAM_PIECE_BYTES if weight_bytes == 2 else min(k_in * weight_bytes, GSTREAM_PIECE_BYTES)
 
 
-def _ring_room(k_in: int, blocks_per_sm: int, sm_shared: int, tokens: int = 1, warps: int = GEMV_WARPS) -> int:
+def gemv_stream_shared(
+    k_in: int, stages: int, tokens: int = 1, warps: int = GEMV_WARPS, slot_bytes: int = GSTREAM_PIECE_BYTES
+) -> int:
+    """Dynamic shared memory of a streaming GEMV block of ``warps`` warps: its ring of weight pieces (``slot_bytes``
+    each) and its staged input rows (one per token: CHAIN_TOKENS for the chain forms)."""
+    return stages * warps * slot_bytes + tokens * k_in * F32
+
+
+def _ring_room(
+    k_in: int,
+    blocks_per_sm: int,
+    sm_shared: int,
+    tokens: int = 1,
+    warps: int = GEMV_WARPS,
+    slot_bytes: int = GSTREAM_PIECE_BYTES,
+) -> int:
     """Ring stages that fit each of ``blocks_per_sm`` streaming GEMV blocks of ``k_in``-wide rows (``tokens`` input
-    rows staged, ``warps`` warps) in one SM's ``sm_shared`` bytes of shared memory (0 or less: not even the input
-    rows fit)."""
+    rows staged, ``warps`` warps, slots of ``slot_bytes``) in one SM's ``sm_shared`` bytes of shared memory (0 or
+    less: not even the input rows fit)."""
     if tokens == 1:
         static = GSTREAM_STATIC_SHARED
     else:
         static = GSTREAM_CHAIN_WIDE_STATIC_SHARED if warps == GSTREAM_WIDE_WARPS else GSTREAM_CHAIN_STATIC_SHARED
     per_block = sm_shared // blocks_per_sm - SM_RESERVED_SHARED - static - tokens * k_in * F32
-    return per_block // (warps * GSTREAM_PIECE_BYTES)
+    return per_block // (warps * slot_bytes)
 
 
 def gemv_stream_stages(
@@ -177,10 +199,11 @@ def gemv_stream_stages(
     cap: int = GSTREAM_MAX_STAGES,
     tokens: int = 1,
     warps: int = GEMV_WARPS,
+    slot_bytes: int = GSTREAM_PIECE_BYTES,
 ) -> int:
     """The deepest ring (at most ``cap``) with which ``blocks_per_sm`` streaming GEMV blocks of ``k_in``-wide rows
     fit in one SM's ``sm_shared`` bytes of shared memory."""
-    stages = min(cap, _ring_room(k_in, blocks_per_sm, sm_shared, tokens, warps))
+    stages = min(cap, _ring_room(k_in, blocks_per_sm, sm_shared, tokens, warps, slot_bytes))
     if stages < 1:
         raise ValueError(
             f"{blocks_per_sm} streaming GEMV blocks of {k_in}-wide rows do not fit in {sm_shared} bytes of shared "
@@ -197,17 +220,18 @@ def gemv_stream_layout(
     cap: int = GSTREAM_MAX_STAGES,
     tokens: int = 1,
     warps: int = GEMV_WARPS,
+    slot_bytes: int = GSTREAM_PIECE_BYTES,
 ) -> tuple[int, int]:
     """(blocks per SM, ring depth) of a streaming GEMV of ``k_in``-wide rows: the most blocks, up to ``max_blocks``,
     whose rings still hold GSTREAM_MIN_STAGES pieces per warp (or ``cap``, if lower), each with the deepest ring
     that fits; ``fixed_blocks`` (TOOLTRIE_GEMV_BLOCKS_PER_SM) sets the count instead. ``tokens``: input rows a block
-    stages (CHAIN_TOKENS for the chain forms); ``warps``: a block's warps."""
+    stages (CHAIN_TOKENS for the chain forms); ``warps``: a block's warps; ``slot_bytes``: a ring slot's bytes."""
     if fixed_blocks is not None:
-        return fixed_blocks, gemv_stream_stages(k_in, fixed_blocks, sm_shared, cap, tokens, warps)
+        return fixed_blocks, gemv_stream_stages(k_in, fixed_blocks, sm_shared, cap, tokens, warps, slot_bytes)
     want = min(GSTREAM_MIN_STAGES, cap)
-    fits = (b for b in range(max_blocks, 1, -1) if _ring_room(k_in, b, sm_shared, tokens, warps) >= want)
+    fits = (b for b in range(max_blocks, 1, -1) if _ring_room(k_in, b, sm_shared, tokens, warps, slot_bytes) >= want)
     blocks = next(fits, 1)
-    return blocks, gemv_stream_stages(k_in, blocks, sm_shared, cap, tokens, warps)
+    return blocks, gemv_stream_stages(k_in, blocks, sm_shared, cap, tokens, warps, slot_bytes)
 
 
 def gemv_chain_layout(
@@ -270,6 +294,9 @@ class CudaModel:
     ``decode_kernel``: how a decode step runs: 'layers' (a launch list of kernels per layer, the default) or
     'persistent' (every layer in one kernel, cuda/decode_persistent.cuh); None reads $TOOLTRIE_DECODE_KERNEL, else
     'layers'. Both forms give the same bits; prefill always runs the layered kernels.
+    ``weight_format``: 'bf16', or 'fp8' for weights whose layer projections are e4m3 rows with power-of-two scales
+    (``decoder_service.models.fp8.quantize_weights``): the single-token GEMVs of the layered step then read e4m3
+    bytes (gemv_stream_fp8, gemv_stream_swiglu_fp8), with the bits of the bf16 kernels on the same weights.
     """
 
     def __init__(
@@ -281,6 +308,7 @@ class CudaModel:
         max_prefill: int = 512,
         stream: Stream | None = None,
         decode_kernel: str | None = None,
+        weight_format: str = "bf16",
     ) -> None:
         check_config(config)
         self.config = config
@@ -288,7 +316,8 @@ class CudaModel:
         self.stream = stream or Stream()
         self.max_context = max_context
         self.max_prefill = max_prefill
-        self.weights: ModelWeights = upload_weights(config, weights, self.stream)
+        self.weight_format = weight_format
+        self.weights: ModelWeights = upload_weights(config, weights, self.stream, weight_format)
         c = config
         self.q_width = c.num_heads * c.head_dim
         self.kv_width = c.num_kv_heads * c.head_dim
@@ -344,6 +373,7 @@ class CudaModel:
         kinds = {(k, False) for k in (c.hidden_size, self.q_width, c.intermediate_size)} | {(c.hidden_size, True)}
         self.gemv_layout: dict[tuple[int, bool], tuple[int, int]] = {}
         self.gemv_chain_layout: dict[tuple[int, bool], tuple[int, int]] = {}  # the chain forms'
+        self.gemv_fp8_layout: dict[tuple[int, bool], tuple[int, int]] = {}  # the FP8 forms' (weight_format 'fp8')
         self.chain_warps = chain_gemv_warps(c.hidden_size)
         for k, swiglu in kinds:
             if gemv_warps_per_row(0, k) == 1:
@@ -352,17 +382,28 @@ class CudaModel:
                 self.gemv_layout[(k, swiglu)] = (blocks * sms, stages)
                 chain = gemv_chain_layout(k, swiglu, sm_shared, most, fixed_blocks, stage_cap, self.chain_warps)
                 self.gemv_chain_layout[(k, swiglu)] = (chain[0] * sms, chain[1])
-        for layout, tokens, warps, names in (
-            (self.gemv_layout, 1, GEMV_WARPS, ("gemv_stream_bf16", "gemv_stream_swiglu_bf16")),
-            (self.gemv_chain_layout, CHAIN_TOKENS, self.chain_warps, chain_gemv_kernels(self.chain_warps)),
+                if weight_format == "fp8":
+                    most = GSTREAM_FP8_SWIGLU_BLOCKS_PER_SM if swiglu else GSTREAM_FP8_BLOCKS_PER_SM
+                    cap = min(stage_cap, GSTREAM_FP8_MAX_STAGES)
+                    slot = gstream_slot_bytes(k, 1)
+                    fp8 = gemv_stream_layout(k, sm_shared, most, fixed_blocks, cap, slot_bytes=slot)
+                    self.gemv_fp8_layout[(k, swiglu)] = (fp8[0] * sms, fp8[1])
+        for layout, tokens, warps, names, weight_bytes in (
+            (self.gemv_layout, 1, GEMV_WARPS, ("gemv_stream_bf16", "gemv_stream_swiglu_bf16"), 2),
+            (self.gemv_chain_layout, CHAIN_TOKENS, self.chain_warps, chain_gemv_kernels(self.chain_warps), 2),
+            (self.gemv_fp8_layout, 1, GEMV_WARPS, ("gemv_stream_fp8", "gemv_stream_swiglu_fp8"), 1),
         ):
             if layout:
-                most_shared = max(gemv_stream_shared(k, s, tokens, warps) for (k, _), (_, s) in layout.items())
+                most_shared = max(
+                    gemv_stream_shared(k, s, tokens, warps, gstream_slot_bytes(k, weight_bytes))
+                    for (k, _), (_, s) in layout.items()
+                )
                 for name in names:
                     module.kernel(name).set_max_dynamic_shared(most_shared)
         for name in (
             "gemv_stream_bf16",
             "gemv_stream_swiglu_bf16",
+            *(("gemv_stream_fp8", "gemv_stream_swiglu_fp8") if weight_format == "fp8" else ()),
             *chain_gemv_kernels(self.chain_warps),
             "attention_decode",
             "attention_decode_cluster",
@@ -524,6 +565,7 @@ class CudaModel:
         residual. With ``count_ptr``, a forced chain's: every launch in its chain form, the chain's K/V rows written
         before attention."""
         c, lw = self.config, self.weights.layers[i]
+        fp8 = lw.fp8 or {}  # the e4m3 rows, with the FP8 weight format
         gemv = self._gemv
         launches = [
             gemv(
@@ -538,6 +580,7 @@ class CudaModel:
                 c.hidden_size,
                 "qkv",
                 count_ptr=count_ptr,
+                fp8=fp8.get("qkv"),
             ),
             self._decode_attention(i, pos_ptr, pos, cluster_attention, count_ptr),
             gemv(
@@ -552,6 +595,7 @@ class CudaModel:
                 self.q_width,
                 "o",
                 count_ptr=count_ptr,
+                fp8=fp8.get("o"),
             ),
             gemv(
                 lw.gate_up.ptr,
@@ -566,6 +610,7 @@ class CudaModel:
                 "gate_up",
                 swiglu_out=True,
                 count_ptr=count_ptr,
+                fp8=fp8.get("gate_up"),
             ),
             gemv(
                 lw.down.ptr,
@@ -579,6 +624,7 @@ class CudaModel:
                 c.intermediate_size,
                 "down",
                 count_ptr=count_ptr,
+                fp8=fp8.get("down"),
             ),
         ]
         if count_ptr:  # the chain's K/V rows, which each token's attention reads from the cache
@@ -754,13 +800,15 @@ class CudaModel:
         label: str,
         swiglu_out: bool = False,
         count_ptr: int = 0,
+        fp8: Fp8Weight | None = None,
     ) -> Launch:
         """y[n_out] = in(x) @ W.T (+ bias) (+ residual) for one token; ``x_mode`` picks the input transform.
 
         With ``swiglu_out`` W is the fused gate|up weight and y receives silu(gate) * up (n_out / 2 values; no
         residual). Rows of one warp go to the streaming kernels (gemv_stream_bf16, gemv_stream_swiglu_bf16), rows
         shared by several warps to gemv_bf16 and gemv_swiglu_bf16. With ``count_ptr``, the streaming kernels' chain
-        forms: rows 0 .. *count_ptr - 1 of x, residual and y.
+        forms: rows 0 .. *count_ptr - 1 of x, residual and y. ``fp8``: W's e4m3 rows, which a single token's
+        streaming GEMV reads instead (the same bits); the other forms read W.
         """
         split = gemv_warps_per_row(n_out, k_in)
         if swiglu_out and residual:
@@ -779,8 +827,14 @@ class CudaModel:
             tokens, warps = (CHAIN_TOKENS, self.chain_warps) if count_ptr else (1, GEMV_WARPS)
             layout = self.gemv_chain_layout if count_ptr else self.gemv_layout
             blocks, stages = layout[(k_in, swiglu_out)]
+            slot = GSTREAM_PIECE_BYTES
             if count_ptr:
                 name = chain_gemv_kernels(warps)[int(swiglu_out)]
+            elif fp8 is not None:
+                name = "gemv_stream_swiglu_fp8" if swiglu_out else "gemv_stream_fp8"
+                blocks, stages = self.gemv_fp8_layout[(k_in, swiglu_out)]
+                slot = gstream_slot_bytes(k_in, 1)
+                inputs = [("ptr", fp8.codes.ptr), ("ptr", fp8.scales.ptr), *inputs[1:]]
             else:
                 name = "gemv_stream_swiglu_bf16" if swiglu_out else "gemv_stream_bf16"
             return Launch(
@@ -788,7 +842,7 @@ class CudaModel:
                 (min(gemv_groups(n_out, 1, swiglu_out, warps), blocks), 1, 1),
                 (warps * 32, 1, 1),
                 [*inputs, *outputs, ("i32", n_out), ("i32", k_in), ("i32", stages), *chain],
-                shared_bytes=gemv_stream_shared(k_in, stages, tokens, warps),
+                shared_bytes=gemv_stream_shared(k_in, stages, tokens, warps, slot),
                 label=f"gemv:{label}",
             )
         if count_ptr:

@@ -1,16 +1,31 @@
-"""Upload a model's weights to the device as bf16, fusing q|k|v and gate|up so each layer needs fewer launches."""
+"""Upload a model's weights to the device as bf16, fusing q|k|v and gate|up so each layer needs fewer launches.
+
+With the FP8 weight format the layer projections also go up as e4m3 bytes with one power-of-two scale per row
+(decoder_service/models/fp8.py), which the single-token GEMVs read: the same numbers in half the bytes. Prefill,
+forced chains and the persistent kernel keep reading the bf16 copy."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from decoder_service.engines.cuda.driver import Stream
 from decoder_service.engines.cuda.memory import DeviceBuffer, to_bf16_bits
+from decoder_service.models.bf16 import bf16_bits_to_float32
 from decoder_service.models.config import ModelConfig
+from decoder_service.models.fp8 import QUANTIZED_PROJECTIONS, WEIGHT_FORMATS, fp8_rows
 from decoder_service.models.weights import expected_shapes
+
+FP8_MATRICES = ("qkv", "o", "gate_up", "down")
+
+
+@dataclass(slots=True)
+class Fp8Weight:
+    codes: DeviceBuffer  # e4m3 bytes, [N, K] row-major
+    scales: DeviceBuffer  # float32 [N]: each row's power-of-two scale
 
 
 @dataclass(slots=True)
@@ -24,6 +39,7 @@ class LayerWeights:
     post_norm: DeviceBuffer
     gate_up: DeviceBuffer  # [2 * intermediate, hidden]: gate rows, then up rows
     down: DeviceBuffer  # [hidden, intermediate]
+    fp8: dict[str, Fp8Weight] | None = None  # FP8_MATRICES as e4m3 rows, with the FP8 weight format
 
 
 @dataclass(slots=True)
@@ -42,7 +58,8 @@ class ModelWeights:
 
 
 def _layer_buffers(lw: LayerWeights) -> list[DeviceBuffer | None]:
-    return [lw.input_norm, lw.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, lw.o, lw.post_norm, lw.gate_up, lw.down]
+    fp8 = [b for w in (lw.fp8 or {}).values() for b in (w.codes, w.scales)]
+    return [lw.input_norm, lw.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, lw.o, lw.post_norm, lw.gate_up, lw.down, *fp8]
 
 
 class _Source:
@@ -60,15 +77,38 @@ class _Source:
         return to_bf16_bits(array)
 
 
-def upload_weights(config: ModelConfig, weights: dict[str, np.ndarray], stream: Stream) -> ModelWeights:
-    """Check every tensor against ``config`` and copy it to the device (bf16; fused where launches share input)."""
-    src = _Source(weights)
+def upload_weights(
+    config: ModelConfig, weights: dict[str, np.ndarray], stream: Stream, weight_format: str = "bf16"
+) -> ModelWeights:
+    """Check every tensor against ``config`` and copy it to the device (bf16; fused where launches share input).
+
+    ``weight_format`` 'fp8': the layer projections also as e4m3 rows; they must already be e4m3 numbers times a
+    power of two per row (``decoder_service.models.fp8.quantize_weights``), else ValueError names the first that is
+    not."""
+    if weight_format not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format {weight_format!r}; accepted: {', '.join(WEIGHT_FORMATS)}")
+    if weight_format == "fp8":
+        check_fp8_shapes(config)
+    uploaded: list[DeviceBuffer] = []
+
+    def up(array: np.ndarray) -> DeviceBuffer:
+        uploaded.append(DeviceBuffer.from_array(array, stream))
+        return uploaded[-1]
+
+    try:
+        return _upload_all(config, _Source(weights), up, weight_format)
+    except BaseException:  # a refused tensor leaves nothing on the device
+        for buf in uploaded:
+            buf.free()
+        raise
+
+
+def _upload_all(
+    config: ModelConfig, src: _Source, up: Callable[[np.ndarray], DeviceBuffer], weight_format: str
+) -> ModelWeights:
     c = config
     hd, d = c.head_dim, c.hidden_size
     q_rows, kv_rows = c.num_heads * hd, c.num_kv_heads * hd
-
-    def up(array: np.ndarray) -> DeviceBuffer:
-        return DeviceBuffer.from_array(array, stream)
 
     embed = up(src.get("model.embed_tokens.weight", (c.vocab_size, d)))
     layers = []
@@ -102,6 +142,12 @@ def upload_weights(config: ModelConfig, weights: dict[str, np.ndarray], stream: 
                 src.get(mlp + "up_proj.weight", (c.intermediate_size, d)),
             ]
         )
+        o = src.get(attn + "o_proj.weight", (d, q_rows))
+        down = src.get(mlp + "down_proj.weight", (d, c.intermediate_size))
+        fp8 = None
+        if weight_format == "fp8":
+            fused = {"qkv": qkv, "o": o, "gate_up": gate_up, "down": down}
+            fp8 = {name: _upload_fp8(bits, f"layer {i} {name}", up) for name, bits in fused.items()}
         layers.append(
             LayerWeights(
                 input_norm=up(src.get(p + "input_layernorm.weight", (d,))),
@@ -109,10 +155,11 @@ def upload_weights(config: ModelConfig, weights: dict[str, np.ndarray], stream: 
                 qkv_bias=bias,
                 q_norm=q_norm,
                 k_norm=k_norm,
-                o=up(src.get(attn + "o_proj.weight", (d, q_rows))),
+                o=up(o),
                 post_norm=up(src.get(p + "post_attention_layernorm.weight", (d,))),
                 gate_up=up(gate_up),
-                down=up(src.get(mlp + "down_proj.weight", (d, c.intermediate_size))),
+                down=up(down),
+                fp8=fp8,
             )
         )
     norm = up(src.get("model.norm.weight", (d,)))
@@ -120,10 +167,27 @@ def upload_weights(config: ModelConfig, weights: dict[str, np.ndarray], stream: 
     return ModelWeights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)
 
 
-def weight_bytes(config: ModelConfig) -> int:
-    """Bytes of bf16 weights one decode step reads: every tensor once, but of the embedding only a row (ignored)
-    unless it doubles as the tied head."""
-    elements = sum(math.prod(shape) for shape in expected_shapes(config).values())
+def _upload_fp8(bf16_bits: np.ndarray, name: str, up: Callable[[np.ndarray], DeviceBuffer]) -> Fp8Weight:
+    codes, scales = fp8_rows(bf16_bits_to_float32(bf16_bits), name)
+    return Fp8Weight(up(codes), up(scales))
+
+
+def check_fp8_shapes(config: ModelConfig) -> None:
+    """The FP8 GEMVs copy 16-byte row pieces: every projection's input width must be a multiple of 16."""
+    widths = {config.hidden_size, config.num_heads * config.head_dim, config.intermediate_size}
+    if odd := sorted(k for k in widths if k % 16):
+        raise ValueError(f"the FP8 weight format needs projection inputs a multiple of 16 wide; this model has {odd}")
+
+
+def weight_bytes(config: ModelConfig, weight_format: str = "bf16") -> int:
+    """Bytes of weights one decode step reads: every tensor once, but of the embedding only a row (ignored)
+    unless it doubles as the tied head. FP8: a byte per projection weight plus 4 per row (its scale)."""
+    shapes = expected_shapes(config)
+    elements = sum(math.prod(shape) for shape in shapes.values())
     if not config.tie_word_embeddings:
         elements -= config.vocab_size * config.hidden_size
-    return 2 * elements
+    if weight_format != "fp8":
+        return 2 * elements
+    projections = [shape for name, shape in shapes.items() if name.endswith(QUANTIZED_PROJECTIONS)]
+    fp8_elements = sum(math.prod(shape) for shape in projections)
+    return 2 * (elements - fp8_elements) + fp8_elements + 4 * sum(shape[0] for shape in projections)

@@ -380,8 +380,8 @@ class FakeDriver:
         y = ref.rmsnorm(x, self._bf16(a.w, a.n), a.eps)
         self.view(a.out, np.float32, rows * a.n)[:] = y.ravel()
 
-    def _linear(self, a: SimpleNamespace, m: int, x: np.ndarray, out: int) -> None:
-        w = self._bf16(a.W, a.N * a.K).reshape(a.N, a.K)
+    def _linear(self, a: SimpleNamespace, m: int, x: np.ndarray, out: int, w: np.ndarray | None = None) -> None:
+        w = self._bf16(a.W, a.N * a.K).reshape(a.N, a.K) if w is None else w
         bias = self._bf16(a.bias, a.N) if a.bias else None
         res = self.view(a.residual, np.float32, m * a.N).reshape(m, a.N).copy() if a.residual else None
         self.view(out, np.float32, m * a.N)[:] = ref.linear(x, w, bias, res).ravel()
@@ -442,21 +442,43 @@ class FakeDriver:
         for r in self._chain_rows(a, block, shared, a.N // 2, 16):
             self.k_gemv_stream_swiglu_bf16(r, grid, block, shared)
 
-    def _swiglu_linear(self, a: SimpleNamespace, m: int, x: np.ndarray) -> None:
-        """y = silu(gate) * up of the fused gate|up rows (the SwiGLU-output GEMVs)."""
-        w = self._bf16(a.W, a.N * a.K).reshape(a.N, a.K)
+    def k_gemv_stream_fp8(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        m, x = self._gemv_stream_input(a, grid, block, shared, a.N, weight_bytes=1)
+        self._linear(a, m, x, a.y, self._e4m3_rows(a))
+
+    def k_gemv_stream_swiglu_fp8(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        assert a.N % 2 == 0, "the SwiGLU output needs gate|up rows, an even count"
+        m, x = self._gemv_stream_input(a, grid, block, shared, a.N // 2, weight_bytes=1)
+        self._swiglu_linear(a, m, x, self._e4m3_rows(a))
+
+    def _e4m3_rows(self, a: SimpleNamespace) -> np.ndarray:
+        """The e4m3 bytes at a.W decoded (sign, exponent bias 7, 3 mantissa bits) times each row's scale."""
+        assert a.K % 16 == 0, "FP8 rows are copied in 16-byte pieces"
+        codes = self.view(a.W, np.uint8, a.N * a.K).reshape(a.N, a.K).astype(np.int64)
+        exponent, mantissa = (codes >> 3) & 15, codes & 7
+        assert not np.any((exponent == 15) & (mantissa == 7)), "e4m3 NaN in the weights"
+        magnitude = np.where(exponent == 0, mantissa / 8.0 * 2.0**-6, (1 + mantissa / 8.0) * 2.0 ** (exponent - 7))
+        scales = self.view(a.scale, np.float32, a.N).astype(np.float64)
+        assert np.all(np.frexp(scales)[0] == 0.5), "FP8 row scales are powers of two"
+        return np.where(codes >> 7, -magnitude, magnitude) * scales[:, None]
+
+    def _swiglu_linear(self, a: SimpleNamespace, m: int, x: np.ndarray, w: np.ndarray | None = None) -> None:
+        """y = silu(gate) * up of the fused gate|up rows (the SwiGLU-output GEMVs); ``w``: the rows, when not bf16
+        at a.W."""
+        w = self._bf16(a.W, a.N * a.K).reshape(a.N, a.K) if w is None else w
         bias = self._bf16(a.bias, a.N) if a.bias else None
         self.view(a.y, np.float32, m * a.N // 2)[:] = ref.swiglu(ref.linear(x, w, bias, None)).ravel()
 
     def _gemv_stream_input(
-        self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int, out_rows: int
+        self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int, out_rows: int, weight_bytes: int = 2
     ) -> tuple[int, np.ndarray]:
         """Check a streaming GEMV launch (cuda/gemv_stream.cuh; a chain form's token carries its block's warps);
         return its token count and input rows."""
         warps = getattr(a, "warps", 8)
         assert block == (32 * warps, 1, 1), f"a streaming GEMV block of this kernel is {warps} warps"
         assert 1 <= a.stages <= 6, f"{a.stages} ring stages; the kernel has barriers for 1 to 6"
-        assert shared >= a.stages * warps * 4096 + 4 * a.K, "the ring and the input row need more shared memory"
+        slot = 4096 if weight_bytes == 2 else min(4096, a.K * weight_bytes)  # gstream_slot_bytes
+        assert shared >= a.stages * warps * slot + 4 * a.K, "the ring and the input row need more shared memory"
         a.warps_per_row = 1
         return self._gemv_input(a, grid, shared, -(-out_rows // warps))
 

@@ -74,6 +74,49 @@ def test_emulated_model_matches_transformers(fake_driver: FakeDriver, shape: str
     assert model.length == 13 + steps
 
 
+@pytest.mark.parametrize("shape", ["tiny-qwen3", "tiny-llama-untied"])
+def test_emulated_fp8_model_matches_transformers_on_the_same_weights(fake_driver: FakeDriver, shape: str) -> None:
+    """The FP8 weight format: every single-token GEMV reads e4m3 bytes and row scales (decoded here independently
+    of the encoder), and the model agrees with transformers given the same quantized parameters."""
+    import torch
+
+    from decoder_service.engines.cuda.forward import CudaModel
+    from decoder_service.engines.cuda.module import Module
+    from decoder_service.models.fp8 import quantize_weights
+
+    cfg = SHAPES[shape]
+    hf_model, weights = build_reference(cfg, seed=7)
+    weights = quantize_weights(cfg, weights)
+    with torch.no_grad():
+        for name, p in hf_model.named_parameters():
+            if weights.get(name) is not None and weights[name].dtype.name == "float32":
+                p.copy_(torch.from_numpy(weights[name]))
+    model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8, weight_format="fp8")
+    prompt = [(5 * i * i + 7 * i + 3) % cfg.vocab_size for i in range(11)]
+    report = compare_greedy(model, hf_model, prompt, new_tokens=4)
+    assert report["rel_err"] <= 1e-4, report
+    assert report["token_mismatches"] == 0, report
+    steps = 3
+    assert fake_driver.launches.count("gemv_stream_fp8") == steps * 3 * cfg.num_layers
+    assert fake_driver.launches.count("gemv_stream_swiglu_fp8") == steps * cfg.num_layers
+    assert fake_driver.launches.count("gemv_stream_bf16") == steps + 2  # only the heads read bf16 rows
+    assert fake_driver.launches.count("gemv_stream_swiglu_bf16") == 0
+
+
+def test_fp8_format_refuses_weights_that_are_not_e4m3_rows(fake_driver: FakeDriver) -> None:
+    from decoder_service.engines.cuda.forward import CudaModel
+    from decoder_service.engines.cuda.module import Module
+
+    cfg = SHAPES["tiny-qwen3"]
+    _, weights = build_reference(cfg, seed=7)
+    before = set(fake_driver.live)
+    with pytest.raises(ValueError, match="layer 0 qkv: row 0 is not e4m3 times a power of two"):
+        CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8, weight_format="fp8")
+    with pytest.raises(ValueError, match="unknown weight format 'int4'"):
+        CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8, weight_format="int4")
+    assert fake_driver.live == before  # the weights uploaded before the refusal were freed
+
+
 def test_long_prefill_runs_on_the_tensor_cores(fake_driver: FakeDriver) -> None:
     from decoder_service.engines.cuda.forward import CudaModel
     from decoder_service.engines.cuda.module import Module

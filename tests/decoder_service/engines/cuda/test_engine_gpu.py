@@ -12,6 +12,8 @@ Gates (every token and every logit bit of the answer compared through the step t
  11 the forced tail taken without forward passes (the default) == a forward pass after every token, in both loops
     (the tail's step-log rows carry no logit; tokens, log-probs and pointers are compared)
  12 forced chains through one forward pass (the default) == a forward pass per token, in both loops (as gate 11)
+ 13 the FP8 weight format (single-token GEMVs on e4m3 bytes) == the bf16 format, on the same quantized weights,
+    in both loops
 Every engine runs the product's defaults but for the one setting its gate varies.
 Models are synthetic (fixed seeds, generated here); catalogs are explicit token sequences.
 """
@@ -268,6 +270,28 @@ def _same_but_unscored(reference, engines, trie, **switches: bool) -> tuple[bool
             ok &= np.array_equal(trace[computed, 1], ref_trace[computed, 1])
             extra += int((~computed).sum() - (trace[:, 1] == NO_LOGIT).sum())
     return ok and extra > 0, extra
+
+
+def test_gate13_fp8_weights_equal_bf16_weights(qwen3_tiny, product_trie) -> None:
+    from decoder_service.engines.cuda.engine import CudaEngine
+    from decoder_service.models.fp8 import quantize_weights
+
+    cfg, weights = qwen3_tiny
+    quantized = quantize_weights(cfg, weights)
+    intents = _intents(N_GATE_INTENTS, cfg.vocab_size, 11)
+    made = [CudaEngine(cfg, quantized, loop="host", max_context=512)]
+    try:
+        reference = _answers(made[0], product_trie, intents)
+        same = True
+        for loop in ("graph", "host"):
+            made.append(CudaEngine(cfg, quantized, loop=loop, max_context=512, weight_format="fp8"))
+            kernels = {launch.kernel.name for launch in made[-1].model.decode_launches}
+            assert {"gemv_stream_fp8", "gemv_stream_swiglu_fp8"} <= kernels  # the gate compares what it claims
+            same &= _same(_answers(made[-1], product_trie, intents), reference)
+    finally:
+        for engine in made:
+            engine.free()
+    _gate("13 FP8 weight format == bf16 format on the same weights", same, loops="graph and host")
 
 
 def test_wide_node_uses_dense_head(engines) -> None:

@@ -11,8 +11,15 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from decoder_service.engines.cuda.forward import ATTN_CHUNK, GSTREAM_THREADS, gemv_groups, gemv_stream_shared
-from decoder_service.engines.cuda.memory import DeviceBuffer
+from decoder_service.engines.cuda.forward import (
+    ATTN_CHUNK,
+    GSTREAM_THREADS,
+    gemv_groups,
+    gemv_stream_shared,
+    gstream_slot_bytes,
+)
+from decoder_service.engines.cuda.memory import DeviceBuffer, to_bf16_bits
+from decoder_service.models.fp8 import fp8_rows, quantize_rows
 from tests.decoder_service.engines.cuda import reference as ref
 from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random, load_module, record, requires_gpu
 
@@ -347,6 +354,77 @@ def test_gemv_stream_equals_gemv(
         same = bool(np.array_equal(out, expected_bits))
         record("kernel", f"{label}/grid{grid_x}/stages{stages}/bit-identical", exact=same)
         assert same, f"{label}: grid {grid_x}, {stages} stages differ from gemv_bf16"
+
+
+@pytest.mark.parametrize(
+    ("n_out", "k_in", "tokens", "x_mode", "bias", "residual", "swiglu"),
+    [
+        (4096, 2048, 1, 1, True, False, False),  # the Qwen3-1.7B qkv shape, with a bias: a row per piece
+        (2048, 6144, 1, 0, False, True, False),  # its down: a 4,096-column piece and a 2,048 one per row
+        (2 * 6144, 2048, 1, 1, False, False, True),  # its gate|up
+        (1001, 576, 2, 1, False, True, False),  # SmolLM2's width: rows shorter than a piece, two tokens
+        (2 * 150, 4112, 1, 1, True, False, True),  # a whole piece and one of 16 columns, a part group
+    ],
+)
+def test_gemv_stream_fp8_equals_bf16_on_the_same_weights(
+    dev: Device,
+    rng: np.random.Generator,
+    n_out: int,
+    k_in: int,
+    tokens: int,
+    x_mode: int,
+    bias: bool,
+    residual: bool,
+    swiglu: bool,
+) -> None:
+    """gemv_stream_fp8 (gemv_stream_swiglu_fp8) on e4m3 rows and their power-of-two scales gives the bits of
+    gemv_stream_bf16 (gemv_stream_swiglu_bf16) on the dequantized weights, whatever its grid and ring depth. Rows
+    of magnitudes from 1e-3 to 10 give each row its own scale; one row is zero."""
+    magnitudes = np.exp(rng.uniform(np.log(1e-3), np.log(10.0), (n_out, 1)))
+    weights = quantize_rows((rng.standard_normal((n_out, k_in)) * magnitudes * 0.05).astype(F32))
+    weights[n_out // 3] = 0.0
+    codes, scales = fp8_rows(weights)
+    assert len(np.unique(scales)) > 8
+    bbits, b = bf16_random(rng, n_out, 0.5)
+    nbits, nw = bf16_random(rng, k_in, 0.2, 1.0)
+    x = (2.0 * rng.standard_normal((tokens, k_in))).astype(F32)
+    n_y = n_out // 2 if swiglu else n_out
+    r = rng.standard_normal((tokens, n_y)).astype(F32)
+    wb, cb, sb, xb = dev.put(to_bf16_bits(weights)), dev.put(codes), dev.put(scales), dev.put(x)
+    norm, bb = dev.put(nbits) if x_mode == 1 else None, dev.put(bbits) if bias else None
+
+    def out_buffer() -> DeviceBuffer:
+        return dev.put(r) if residual else dev.poisoned(tokens * n_y)  # in place over the residual
+
+    groups = gemv_groups(n_out, 1, swiglu)
+    y = out_buffer()
+    res = y if residual else None
+    gemv_stream_launch(dev, groups, tokens, wb, xb, norm, x_mode, bb, res, y, n_out, k_in, 2, swiglu)
+    expected_bits = dev.get(y, F32, (tokens, n_y))
+    inputs = ref.rmsnorm(x, nw, 1e-5) if x_mode == 1 else x
+    expected = ref.linear(inputs, weights.astype(np.float64), b if bias else None, r if residual else None)
+    if swiglu:
+        expected = ref.swiglu(expected)
+    label = f"gemv_stream_fp8/{IN_MODES[x_mode]}{OUT_MODES[int(swiglu)]}/{n_out}x{k_in}x{tokens}"
+    check(label, expected_bits, expected)
+    name = "gemv_stream_swiglu_fp8" if swiglu else "gemv_stream_fp8"
+    for grid_x, stages in ((groups, 6), (min(132, groups), 4), (7, 1), (1, 6), (5, 2)):
+        shared = gemv_stream_shared(k_in, stages, slot_bytes=gstream_slot_bytes(k_in, 1))
+        dev.module.kernel(name).set_max_dynamic_shared(shared)
+        y = out_buffer()
+        args = gemv_args(cb, xb, norm, x_mode, 1e-5, bb, y if residual else None, y, swiglu)
+        args.insert(1, ("ptr", sb.ptr))
+        dev.launch(
+            name,
+            (grid_x, tokens, 1),
+            (GSTREAM_THREADS, 1, 1),
+            [*args, ("i32", n_out), ("i32", k_in), ("i32", stages)],
+            shared=shared,
+        )
+        out = dev.get(y, F32, (tokens, n_y))
+        same = bool(np.array_equal(out, expected_bits))
+        record("kernel", f"{label}/grid{grid_x}/stages{stages}/bit-identical", exact=same)
+        assert same, f"{label}: grid {grid_x}, {stages} stages differ from gemv_stream_bf16 on the same weights"
 
 
 @pytest.mark.parametrize(

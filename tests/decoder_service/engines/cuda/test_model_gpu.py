@@ -63,3 +63,38 @@ def test_model_matches_transformers(
     record("model", shape, prompt_len=prompt_len, **report)
     assert report["rel_err"] <= 1e-2, report
     assert report["token_mismatches"] == 0, report
+
+
+@pytest.mark.parametrize("shape", ["tiny-qwen3", "smollm2-shape"])
+def test_fp8_weights_match_transformers_and_the_bf16_kernels_bits(module: object, shape: str) -> None:
+    """The FP8 weight format on quantized weights: transformers with the same quantized parameters agrees (the
+    bound above), and every logit is the bits of the bf16 kernels on those weights."""
+    from decoder_service.engines.cuda.forward import CudaModel
+    from decoder_service.engines.cuda.host_loop import greedy_decode
+    from decoder_service.models.fp8 import quantize_weights
+
+    cfg = SHAPES[shape]
+    hf_model, weights = build_reference(cfg, seed=1234, device="cuda")
+    weights = quantize_weights(cfg, weights)
+    with torch.no_grad():
+        for name, p in hf_model.named_parameters():
+            if weights.get(name) is not None and weights[name].dtype == np.float32:
+                p.copy_(torch.from_numpy(weights[name]))
+    models = [CudaModel(cfg, weights, module, max_context=512, weight_format=f) for f in ("bf16", "fp8")]
+    del weights
+    prompt = np.random.default_rng(98).integers(0, cfg.vocab_size, 64).tolist()
+    try:
+        report = compare_greedy(models[1], hf_model, prompt, 16)
+        runs = [greedy_decode(m, prompt, 16, keep_logits=True) for m in models]
+        report["bit_identical_to_bf16"] = all(
+            np.array_equal(a, b) for a, b in zip(runs[0].logits, runs[1].logits, strict=True)
+        )
+    finally:
+        for m in models:
+            m.free()
+        del hf_model
+        torch.cuda.empty_cache()
+    record("model", f"{shape}/fp8", prompt_len=len(prompt), **report)
+    assert report["bit_identical_to_bf16"], report
+    assert report["rel_err"] <= 1e-2, report
+    assert report["token_mismatches"] == 0, report
