@@ -108,13 +108,10 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
 #define GEMV_TRACE_SLOT 6144  // TT_MARK slots of block b: 6144 + 4b .. 6144 + 4b + 3 (-DTT_TRACE)
 #define GEMV_PREFETCH 8  // 16-byte chunks per lane loaded before the input is staged (a whole 2048-wide row)
 
-// acc += the 8 products of one 16-byte weight chunk with its 8 staged inputs, in ascending order.
-__device__ __forceinline__ float gemv_fma_chunk(float acc, const uint4 w, const float4 xa, const float4 xb) {
-    float w0, w1, w2, w3, w4, w5, w6, w7;
-    bf16x2_to_float(w.x, w0, w1);
-    bf16x2_to_float(w.y, w2, w3);
-    bf16x2_to_float(w.z, w4, w5);
-    bf16x2_to_float(w.w, w6, w7);
+// acc += the 8 products of a chunk's weights (as floats) with its 8 staged inputs, in ascending order: the one order
+// of every GEMV form, whatever the weights' format.
+__device__ __forceinline__ float gemv_fma8(float acc, float w0, float w1, float w2, float w3, float w4, float w5,
+                                           float w6, float w7, const float4 xa, const float4 xb) {
     acc = fmaf(w0, xa.x, acc);
     acc = fmaf(w1, xa.y, acc);
     acc = fmaf(w2, xa.z, acc);
@@ -124,6 +121,16 @@ __device__ __forceinline__ float gemv_fma_chunk(float acc, const uint4 w, const 
     acc = fmaf(w6, xb.z, acc);
     acc = fmaf(w7, xb.w, acc);
     return acc;
+}
+
+// acc += the 8 products of one 16-byte bf16 weight chunk with its 8 staged inputs, in ascending order.
+__device__ __forceinline__ float gemv_fma_chunk(float acc, const uint4 w, const float4 xa, const float4 xb) {
+    float w0, w1, w2, w3, w4, w5, w6, w7;
+    bf16x2_to_float(w.x, w0, w1);
+    bf16x2_to_float(w.y, w2, w3);
+    bf16x2_to_float(w.z, w4, w5);
+    bf16x2_to_float(w.w, w6, w7);
+    return gemv_fma8(acc, w0, w1, w2, w3, w4, w5, w6, w7, xa, xb);
 }
 
 // The first GEMV_PREFETCH chunks of a lane's share of a row (chunks p*32 + l + i*32*warps_per_row). Issued

@@ -79,15 +79,7 @@ __device__ __forceinline__ float gemv_fma_chunk_e4m3(float acc, const uint2 w, c
     e4m3x2_to_float(w.x >> 16, w2, w3);
     e4m3x2_to_float(w.y & 0xFFFFu, w4, w5);
     e4m3x2_to_float(w.y >> 16, w6, w7);
-    acc = fmaf(w0, xa.x, acc);
-    acc = fmaf(w1, xa.y, acc);
-    acc = fmaf(w2, xa.z, acc);
-    acc = fmaf(w3, xa.w, acc);
-    acc = fmaf(w4, xb.x, acc);
-    acc = fmaf(w5, xb.y, acc);
-    acc = fmaf(w6, xb.z, acc);
-    acc = fmaf(w7, xb.w, acc);
-    return acc;
+    return gemv_fma8(acc, w0, w1, w2, w3, w4, w5, w6, w7, xa, xb);
 }
 
 // Bytes of a ring slot for K-wide rows of weights of `wb` bytes: a full piece for bf16 (the layout measured), the

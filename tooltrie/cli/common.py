@@ -19,6 +19,18 @@ from tooltrie.client import RegistryClient, error_details
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# --weights of the commands that load a model (decoder serve, up): the weight format the engines compute with.
+weights_option = click.option(
+    "--weights",
+    "weight_format",
+    type=click.Choice(["bf16", "fp8"]),
+    envvar="TOOLTRIE_WEIGHTS",
+    default="bf16",
+    show_default=True,
+    help="fp8: layer projections rounded to e4m3 rows with power-of-two scales at load [env TOOLTRIE_WEIGHTS].",
+)
+
+
 def registry_options(command: F) -> F:
     """--registry, --token and --tls-ca, turned into a `client` argument."""
 

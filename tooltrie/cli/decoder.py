@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from tooltrie.cli.common import reports_rpc_errors, serve_until_signal, setup_logging
+from tooltrie.cli.common import reports_rpc_errors, serve_until_signal, setup_logging, weights_option
 from tooltrie.client import resolve_token
 from tooltrie.decoder_client import DecoderClient
 from tooltrie.grpc_limits import DEFAULT_DECODER_ADDRESS, DEFAULT_REGISTRY_ADDRESS
@@ -26,15 +26,7 @@ def decoder() -> None:
 @click.option("--model", default=None, help="GGUF file or HF directory; default: the embedded SmolLM2-135M.")
 @click.option("--engine", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--head", type=click.Choice(["sparse", "dense"]), default="sparse", show_default=True)
-@click.option(
-    "--weights",
-    "weight_format",
-    type=click.Choice(["bf16", "fp8"]),
-    envvar="TOOLTRIE_WEIGHTS",
-    default="bf16",
-    show_default=True,
-    help="fp8: layer projections rounded to e4m3 rows with power-of-two scales at load [env TOOLTRIE_WEIGHTS].",
-)
+@weights_option
 @click.option("--node-id", default="", help="Identity reported to the registry; default HOST:PORT.")
 @click.option("--max-active", type=int, default=1, show_default=True, help="Decodes running at once.")
 @click.option("--max-queued", type=int, default=32, show_default=True, help="Decodes waiting; beyond: refused.")

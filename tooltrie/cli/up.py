@@ -17,7 +17,7 @@ import click
 from tqdm import tqdm
 
 from tooltrie.cli.catalog import describe_version
-from tooltrie.cli.common import reports_rpc_errors, setup_logging
+from tooltrie.cli.common import reports_rpc_errors, setup_logging, weights_option
 from tooltrie.cli.decoder import print_event
 from tooltrie.client import RegistryClient, resolve_token
 from tooltrie.decoder_client import DecoderClient
@@ -36,15 +36,7 @@ EXAMPLE_INTENTS = (
 @click.option("--decoder-listen", default="127.0.0.1:50152", show_default=True, help="Decoder HOST:PORT.")
 @click.option("--model", default=None, help="GGUF file or HF directory; default: the embedded SmolLM2-135M.")
 @click.option("--engine", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
-@click.option(
-    "--weights",
-    "weight_format",
-    type=click.Choice(["bf16", "fp8"]),
-    envvar="TOOLTRIE_WEIGHTS",
-    default="bf16",
-    show_default=True,
-    help="fp8: layer projections rounded to e4m3 rows with power-of-two scales at load [env TOOLTRIE_WEIGHTS].",
-)
+@weights_option
 @click.option(
     "--catalog-file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
