@@ -4,7 +4,8 @@ A quantized row holds values ``code * 2**e``: ``code`` an e4m3 number (at most 4
 and ``e`` the row's exponent. Such a value has at most 4 significant bits, so it is exactly a bf16 and an fp32:
 every engine computes with the same numbers, whether it reads them as bf16 (the CPU engine, prefill, forced
 chains) or as fp8 bytes and a row scale (the CUDA engine's single-token GEMVs, which multiply the row's sum by
-``2**e`` at the end: scaling by a power of two is exact, so the sums are the bf16 path's bits).
+``2**e`` at the end: rounding commutes with scaling by a power of two, so the sums are the bf16 path's bits unless a
+partial sum falls among fp32's subnormals, below 2**-126, which real activations and weights do not reach).
 
 The scale is a power of two so that the dequantized weights stay exact; the price is at most one binade of
 e4m3's range per row against a free scale.

@@ -19,8 +19,6 @@ from decoder_service.models.config import ModelConfig
 from decoder_service.models.fp8 import QUANTIZED_PROJECTIONS, WEIGHT_FORMATS, fp8_rows
 from decoder_service.models.weights import expected_shapes
 
-FP8_MATRICES = ("qkv", "o", "gate_up", "down")
-
 
 @dataclass(slots=True)
 class Fp8Weight:
@@ -39,7 +37,7 @@ class LayerWeights:
     post_norm: DeviceBuffer
     gate_up: DeviceBuffer  # [2 * intermediate, hidden]: gate rows, then up rows
     down: DeviceBuffer  # [hidden, intermediate]
-    fp8: dict[str, Fp8Weight] | None = None  # FP8_MATRICES as e4m3 rows, with the FP8 weight format
+    fp8: dict[str, Fp8Weight] | None = None  # "qkv", "o", "gate_up", "down" as e4m3 rows (FP8 weight format)
 
 
 @dataclass(slots=True)
