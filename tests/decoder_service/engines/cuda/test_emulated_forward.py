@@ -397,3 +397,18 @@ def test_rows_of_two_warps_keep_the_register_gemv(fake_driver: FakeDriver) -> No
     assert kernels["gemv:down"] == "gemv_bf16" and kernels["gemv:qkv"] == "gemv_stream_bf16"
     report = compare_greedy(model, hf_model, [5, 9, 2, 7, 1], new_tokens=2)
     assert report["token_mismatches"] == 0, report
+
+
+def test_fp8_weight_bytes_count_a_byte_a_projection_weight_and_a_scale_a_row() -> None:
+    """The floor the benchmarks draw for the FP8 format: Qwen3-1.7B's step reads its 1.41 billion projection weights
+    as bytes, plus a 4-byte scale per row, and the rest (norms, tied head) as bf16."""
+    from decoder_service.engines.cuda.weights import weight_bytes
+    from decoder_service.models.synth import PRESETS
+
+    cfg = PRESETS["qwen3-1.7b"]
+    d, inter, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    projection_weights = layers * (d * (q + 2 * kv) + q * d + 3 * d * inter)
+    rows = layers * (q + 2 * kv + d + 2 * inter + d)
+    assert projection_weights == 1_409_286_144
+    assert weight_bytes(cfg, "fp8") == weight_bytes(cfg) - projection_weights + 4 * rows
