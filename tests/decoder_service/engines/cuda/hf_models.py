@@ -77,6 +77,22 @@ def build_reference(cfg: ModelConfig, seed: int, device: str = "cpu") -> tuple[A
     return model, weights
 
 
+def build_fp8_reference(cfg: ModelConfig, seed: int, device: str = "cpu") -> tuple[Any, dict[str, np.ndarray]]:
+    """build_reference with the layer projections rounded to e4m3 rows (decoder_service/models/fp8.py), in the
+    weights dict (float32) and in the torch model alike."""
+    import torch
+
+    from decoder_service.models.fp8 import quantize_weights
+
+    model, weights = build_reference(cfg, seed, device)
+    weights = quantize_weights(cfg, weights)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if weights.get(name) is not None and weights[name].dtype == np.float32:
+                p.copy_(torch.from_numpy(weights[name]))
+    return model, weights
+
+
 def reference_logits(model: Any, ids: list[int]) -> np.ndarray:
     import torch
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.decoder_service.engines.cuda.emulator import FakeDriver, install_fake_driver
-from tests.decoder_service.engines.cuda.hf_models import SHAPES, build_reference, compare_greedy
+from tests.decoder_service.engines.cuda.hf_models import SHAPES, build_fp8_reference, build_reference, compare_greedy
 
 if TYPE_CHECKING:  # imported at run time only once the fake driver is in place
     from decoder_service.engines.cuda.forward import CudaModel
@@ -78,19 +78,11 @@ def test_emulated_model_matches_transformers(fake_driver: FakeDriver, shape: str
 def test_emulated_fp8_model_matches_transformers_on_the_same_weights(fake_driver: FakeDriver, shape: str) -> None:
     """The FP8 weight format: every single-token GEMV reads e4m3 bytes and row scales (decoded here independently
     of the encoder), and the model agrees with transformers given the same quantized parameters."""
-    import torch
-
     from decoder_service.engines.cuda.forward import CudaModel
     from decoder_service.engines.cuda.module import Module
-    from decoder_service.models.fp8 import quantize_weights
 
     cfg = SHAPES[shape]
-    hf_model, weights = build_reference(cfg, seed=7)
-    weights = quantize_weights(cfg, weights)
-    with torch.no_grad():
-        for name, p in hf_model.named_parameters():
-            if weights.get(name) is not None and weights[name].dtype.name == "float32":
-                p.copy_(torch.from_numpy(weights[name]))
+    hf_model, weights = build_fp8_reference(cfg, seed=7)
     model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8, weight_format="fp8")
     prompt = [(5 * i * i + 7 * i + 3) % cfg.vocab_size for i in range(11)]
     report = compare_greedy(model, hf_model, prompt, new_tokens=4)

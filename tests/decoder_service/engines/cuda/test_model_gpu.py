@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.decoder_service.engines.cuda.gpu_harness import load_module, record, requires_gpu
-from tests.decoder_service.engines.cuda.hf_models import SHAPES, build_reference, compare_greedy
+from tests.decoder_service.engines.cuda.hf_models import SHAPES, build_fp8_reference, build_reference, compare_greedy
 
 pytestmark = requires_gpu
 torch = pytest.importorskip("torch")
@@ -71,15 +71,9 @@ def test_fp8_weights_match_transformers_and_the_bf16_kernels_bits(module: object
     bound above), and every logit is the bits of the bf16 kernels on those weights."""
     from decoder_service.engines.cuda.forward import CudaModel
     from decoder_service.engines.cuda.host_loop import greedy_decode
-    from decoder_service.models.fp8 import quantize_weights
 
     cfg = SHAPES[shape]
-    hf_model, weights = build_reference(cfg, seed=1234, device="cuda")
-    weights = quantize_weights(cfg, weights)
-    with torch.no_grad():
-        for name, p in hf_model.named_parameters():
-            if weights.get(name) is not None and weights[name].dtype == np.float32:
-                p.copy_(torch.from_numpy(weights[name]))
+    hf_model, weights = build_fp8_reference(cfg, seed=1234, device="cuda")
     models = [CudaModel(cfg, weights, module, max_context=512, weight_format=f) for f in ("bf16", "fp8")]
     del weights
     prompt = np.random.default_rng(98).integers(0, cfg.vocab_size, 64).tolist()
