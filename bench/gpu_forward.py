@@ -147,6 +147,53 @@ def fp8_layout_sweep(stream: Stream, model: CudaModel, position: int) -> dict[st
     return out
 
 
+def persistent_ring_sweep(stream: Stream, model: CudaModel, position: int) -> dict[str, float]:
+    """Step time (graph replay at ``position``) of the persistent decode kernel with each ring depth that fits
+    (TOOLTRIE_PERSISTENT_STAGES), beside the layered launch list's: how much weight in flight at the grid barriers
+    suits it (the depth changes no bits)."""
+    from decoder_service.engines.cuda.persistent import MAX_STAGES, MIN_STAGES, STAGES_ENV, PersistentDecode
+
+    def step_ms() -> float:
+        launches, _ = model._build(1, tokens_ptr=model.token.ptr, pos=position)
+        return graph_ms(stream, launches)
+
+    out = {"layered launch list": step_ms()}
+    buffers = {
+        "x": model.x.ptr,
+        "qkv": model.qkv.ptr,
+        "attn": model.attn.ptr,
+        "act": model.act.ptr,
+        "partial": model.attn_partial.ptr,
+        "rope": model.rope.ptr,
+        "done": model.attn_done.ptr,
+    }
+    before, built = os.environ.get(STAGES_ENV), model.persistent
+    try:
+        for stages in range(MIN_STAGES, MAX_STAGES + 1):
+            os.environ[STAGES_ENV] = str(stages)
+            model.persistent = PersistentDecode(
+                model.config,
+                model.weights,
+                buffers,
+                [buf.ptr for buf in model.k_cache],
+                [buf.ptr for buf in model.v_cache],
+                model.max_chunks,
+                model.module,
+                stream,
+            )
+            try:
+                out[f"persistent, rings of {model.persistent.stages}"] = step_ms()
+            finally:
+                model.persistent.free()
+    finally:
+        model.persistent = built
+        if before is None:
+            os.environ.pop(STAGES_ENV, None)
+        else:
+            os.environ[STAGES_ENV] = before
+    return out
+
+
 def gemv_grid_sweep(stream: Stream, launches: list[Launch], blocks: list[int]) -> dict[str, dict[str, float]]:
     """Step time (graph replay) with one GEMV group's grid set to each of ``blocks``, the others as built.
 
@@ -543,7 +590,7 @@ def main() -> int:
         "--sweeps",
         default="breakdown,grid,prefix,alone,sync,stream,prefill,chain",
         help="comma-separated studies: breakdown, grid, prefix, alone, sync, stream, prefill, chain (default: all), "
-        "fp8layout (with --weights fp8)",
+        "fp8layout (with --weights fp8), persistent (the persistent decode kernel's ring depths)",
     )
     parser.add_argument(
         "--weights",
@@ -604,6 +651,7 @@ def main() -> int:
     prefill_parts = prefill_study(stream, model, args.prompt, 36) if "prefill" in sweeps else {}
     chains = chain_study(stream, model, [args.prompt, args.prompt + 508]) if "chain" in sweeps else {}
     fp8_layouts = fp8_layout_sweep(stream, model, args.prompt) if "fp8layout" in sweeps else {}
+    persistent_rings = persistent_ring_sweep(stream, model, args.prompt) if "persistent" in sweeps else {}
     head = next(launch for launch in step if launch.label == "gemv:head")
     head_ms = time_events(stream, lambda: head(stream), 20)
 
@@ -644,6 +692,7 @@ def main() -> int:
         "suffix_prefill": prefill_parts,
         "forced_chain": chains,
         "fp8_layout_sweep_ms_per_token": fp8_layouts,
+        "persistent_ring_sweep_ms_per_token": persistent_rings,
         "tokens_head": tokens[:8],
     }
     model.free()

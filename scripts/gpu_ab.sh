@@ -9,8 +9,8 @@
 # bench/gpu_forward.py run for every prompt length, the revisions interleaved round by round. Prints and writes
 # ($OUT/ab.md) the step time (graph replay of one unconstrained decode step, Qwen3-1.7B shape) and the marginal
 # cost of each of the first two layers' launches.
-# Environment: OUT (default build/gpu-ab), PROMPTS (default "200 708"), ROUNDS (default 1),
-# and any TOOLTRIE_* setting, which every revision sees.
+# Environment: OUT (default build/gpu-ab), PROMPTS (default "200 708"), ROUNDS (default 1), ARGS (more
+# bench/gpu_forward.py arguments, for example "--weights fp8"), and any TOOLTRIE_* setting, which every revision sees.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: scripts/gpu_ab.sh REV|DIR [REV|DIR ...]  (\".\" is the working tree)" >&2; exit 2; }
@@ -54,6 +54,8 @@ for round in $(seq "$ROUNDS"); do
       tree=${trees[$i]}
       extra=()
       grep -q -- "--max-context" "$tree/bench/gpu_forward.py" && extra=(--max-context 1024)
+      read -r -a more <<< "${ARGS:-}"
+      extra+=("${more[@]}")
       (cd "$tree" && TOOLTRIE_CUBIN=cuda/build/tooltrie.cubin PYTHONPATH=".${PYTHONPATH_SITE:+:$PYTHONPATH_SITE}" \
         "$PY" bench/gpu_forward.py --out "$OUT/ab_${i}_p${prompt}_r${round}.json" --sweeps prefix --tokens 32 \
         --prompt "$prompt" "${extra[@]}" > "$OUT/ab_${i}_p${prompt}_r${round}.log" 2>&1) ||
