@@ -13,12 +13,12 @@ e4m3's range per row against a free scale.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from decoder_service.models.bf16 import bf16_bits_to_float32
+from decoder_service.models.blocks import each_block
 from decoder_service.models.config import ModelConfig
 from decoder_service.models.weights import Weights
 
@@ -27,7 +27,6 @@ E4M3_MAX = 448.0
 # nonzero value (2**-9 * 2**e) is still a normal fp32 and bf16.
 MIN_ROW_EXPONENT = -117
 _MIN_NORMAL = np.float32(2.0**-6)  # e4m3's smallest normal; below it, multiples of 2**-9
-_BLOCK_VALUES = 1 << 20
 
 #: The layer projections that FP8 quantization rounds (Hugging Face names after ``model.layers.N.``). Embeddings,
 #: the head, norms and biases stay bf16.
@@ -96,23 +95,6 @@ def _row_scales(e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ldexp(np.float32(1), e)[:, None], np.ldexp(np.float32(1), -e)[:, None]
 
 
-def _row_blocks(rows: int, cols: int) -> list[slice]:
-    """Row ranges of about _BLOCK_VALUES values each: numpy's element-wise loops release the GIL, so blocks run on
-    threads side by side (a model's projections are a billion values or more)."""
-    step = max(1, _BLOCK_VALUES // max(cols, 1))
-    return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
-
-
-def _each_block(rows: int, cols: int, work: Callable[[slice], None]) -> None:
-    blocks = _row_blocks(rows, cols)
-    if len(blocks) == 1:
-        work(blocks[0])
-        return
-    with ThreadPoolExecutor(max_workers=min(len(blocks), os.cpu_count() or 1)) as pool:
-        for future in [pool.submit(work, block) for block in blocks]:
-            future.result()  # re-raises a block's error
-
-
 def quantize_rows(rows: np.ndarray) -> np.ndarray:
     """A 2-D weight with each row rounded to e4m3 times its power-of-two scale (float32, exact as bf16)."""
     values = np.asarray(rows, dtype=np.float32)
@@ -123,30 +105,35 @@ def quantize_rows(rows: np.ndarray) -> np.ndarray:
         out[block] = round_to_e4m3(values[block] * inverse)
         out[block] *= scale
 
-    _each_block(*values.shape, work)
+    each_block(*values.shape, work)
     return out
 
 
 def fp8_rows(rows: np.ndarray, name: str = "weight") -> tuple[np.ndarray, np.ndarray]:
-    """(e4m3 bytes, float32 row scales 2**e) of a weight whose rows are already e4m3 numbers times a power of two.
+    """(e4m3 bytes, float32 row scales 2**e) of a weight whose rows are already e4m3 numbers times a power of two,
+    given as float32 or as bf16 bits (uint16, widened a block at a time).
 
     Raises ValueError naming the weight and the first row that is not: FP8 kernels fed a bf16 weight would round
     it, and the engines would then disagree."""
-    values = np.asarray(rows, dtype=np.float32)
-    codes = np.empty(values.shape, dtype=np.uint8)
-    scales = np.empty(values.shape[0], dtype=np.float32)
+    source = np.asarray(rows)
+    bf16 = source.dtype == np.uint16
+    if not bf16:
+        source = np.asarray(source, dtype=np.float32)
+    codes = np.empty(source.shape, dtype=np.uint8)
+    scales = np.empty(source.shape[0], dtype=np.float32)
     inexact: list[int] = []
 
     def work(block: slice) -> None:
-        scale, inverse = _row_scales(row_exponents(values[block]))
-        scaled = values[block] * inverse
+        values = bf16_bits_to_float32(source[block]) if bf16 else source[block]
+        scale, inverse = _row_scales(row_exponents(values))
+        scaled = values * inverse
         exact = (round_to_e4m3(scaled) == scaled).all(axis=1)
         if not exact.all():
             inexact.append(block.start + int(np.argmin(exact)))
         codes[block] = e4m3_codes(scaled)
         scales[block] = scale.ravel()
 
-    _each_block(*values.shape, work)
+    each_block(*source.shape, work)
     if inexact:
         raise ValueError(
             f"{name}: row {min(inexact)} is not e4m3 times a power of two; quantize the model's weights first "
@@ -171,7 +158,5 @@ def quantize_weights(
 
 def _as_float32(array: np.ndarray) -> np.ndarray:
     if array.dtype == np.uint16:  # bf16 bits
-        from decoder_service.models.bf16 import bf16_bits_to_float32
-
         return bf16_bits_to_float32(array)
     return np.asarray(array, dtype=np.float32)

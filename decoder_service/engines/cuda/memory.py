@@ -6,6 +6,7 @@ import numpy as np
 
 from decoder_service.engines.cuda import driver
 from decoder_service.engines.cuda.driver import Stream, call
+from decoder_service.models.bf16 import float32_to_bf16_bits
 
 
 class DeviceBuffer:
@@ -67,16 +68,7 @@ def to_bf16_bits(array: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(array).view(np.uint16)
     if array.dtype.kind != "f":
         raise TypeError(f"weights must be floating point, uint16 bf16 bits or bfloat16; got {array.dtype}")
-    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32)
-    nan = (bits & 0x7FFFFFFF) > 0x7F800000
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    rounded[nan] = 0x7FC0
-    return rounded
-
-
-def bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
-    """Exact widening of bf16 bits (uint16) to float32."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+    return float32_to_bf16_bits(array)
 
 
 class MappedHostBuffer:

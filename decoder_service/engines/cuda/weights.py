@@ -14,7 +14,6 @@ import numpy as np
 
 from decoder_service.engines.cuda.driver import Stream
 from decoder_service.engines.cuda.memory import DeviceBuffer, to_bf16_bits
-from decoder_service.models.bf16 import bf16_bits_to_float32
 from decoder_service.models.config import ModelConfig
 from decoder_service.models.fp8 import QUANTIZED_PROJECTIONS, WEIGHT_FORMATS, fp8_rows
 from decoder_service.models.weights import expected_shapes
@@ -166,7 +165,7 @@ def _upload_all(
 
 
 def _upload_fp8(bf16_bits: np.ndarray, name: str, up: Callable[[np.ndarray], DeviceBuffer]) -> Fp8Weight:
-    codes, scales = fp8_rows(bf16_bits_to_float32(bf16_bits), name)
+    codes, scales = fp8_rows(bf16_bits, name)
     return Fp8Weight(up(codes), up(scales))
 
 

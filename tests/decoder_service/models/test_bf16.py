@@ -4,6 +4,7 @@ import numpy as np
 import torch
 
 from decoder_service.models.bf16 import bf16_bits_to_float32, float32_to_bf16_bits
+from decoder_service.models.blocks import BLOCK_VALUES
 
 
 def test_rounding_matches_torch() -> None:
@@ -28,3 +29,21 @@ def test_widening_is_exact() -> None:
 
 def test_nan_stays_nan() -> None:
     assert np.isnan(bf16_bits_to_float32(float32_to_bf16_bits(np.array([np.nan], np.float32))))[0]
+
+
+def test_arrays_of_many_blocks_convert_as_torch_does_and_keep_their_shape() -> None:
+    # Past BLOCK_VALUES values the conversions run a block per thread: every block must land in its place.
+    rng = np.random.default_rng(1)
+    values = (rng.standard_normal((3, BLOCK_VALUES + 123)) * 10.0 ** rng.integers(-8, 8, (3, 1))).astype(np.float32)
+    bits = float32_to_bf16_bits(values)
+    assert bits.shape == values.shape
+    theirs = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(bits, theirs)
+    widened = bf16_bits_to_float32(bits)
+    assert widened.shape == values.shape
+    assert np.array_equal(widened, torch.from_numpy(theirs.view(np.int16)).view(torch.bfloat16).float().numpy())
+
+
+def test_empty_and_scalar_arrays() -> None:
+    assert float32_to_bf16_bits(np.zeros((0, 4), np.float32)).shape == (0, 4)
+    assert bf16_bits_to_float32(np.uint16(0x3F80)) == 1.0

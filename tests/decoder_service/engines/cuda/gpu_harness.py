@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from decoder_service.engines.cuda.driver import Stream, cuda_available
-from decoder_service.engines.cuda.memory import NAN_WORD, DeviceBuffer, bf16_bits_to_float, to_bf16_bits
+from decoder_service.engines.cuda.memory import NAN_WORD, DeviceBuffer, to_bf16_bits
 from decoder_service.engines.cuda.module import Launch, Module
+from decoder_service.models.bf16 import bf16_bits_to_float32
 
 AVAILABLE, REASON = cuda_available()
 requires_gpu = [pytest.mark.gpu, pytest.mark.skipif(not AVAILABLE, reason=f"no usable CUDA device: {REASON}")]
@@ -41,7 +42,7 @@ def bf16_random(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(bf16 bits, their exact float64 values) of normal(offset, scale) samples."""
     bits = to_bf16_bits((offset + scale * rng.standard_normal(shape)).astype(np.float32))
-    return bits, bf16_bits_to_float(bits).astype(np.float64)
+    return bits, bf16_bits_to_float32(bits).astype(np.float64)
 
 
 class Device:

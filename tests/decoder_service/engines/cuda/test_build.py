@@ -17,8 +17,9 @@ from decoder_service.engines.cuda.forward import (
     GSTREAM_STATIC_SHARED,
     check_config,
 )
-from decoder_service.engines.cuda.memory import bf16_bits_to_float, to_bf16_bits
+from decoder_service.engines.cuda.memory import to_bf16_bits
 from decoder_service.engines.cuda.persistent import PDEC_STATIC_SHARED
+from decoder_service.models.bf16 import bf16_bits_to_float32
 from decoder_service.models.config import ModelConfig
 from tooltrie.cuda_build import (
     CUDA_DIR,
@@ -126,7 +127,7 @@ def test_bf16_rounding_is_nearest_even() -> None:
     # 1 + 2^-8 lies halfway between bf16 neighbours 1 and 1 + 2^-7: ties go to the even mantissa (1.0);
     # 1 + 3 * 2^-8 lies halfway between 1 + 2^-7 and 1 + 2^-6 and goes up to the even one.
     values = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, -2.5, np.inf, np.nan], dtype=np.float32)
-    back = bf16_bits_to_float(to_bf16_bits(values))
+    back = bf16_bits_to_float32(to_bf16_bits(values))
     np.testing.assert_array_equal(back[:5], [1.0, 1.0, 1 + 2**-6, -2.5, np.inf])
     assert np.isnan(back[5])
 
