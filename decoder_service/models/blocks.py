@@ -20,8 +20,8 @@ def row_blocks(rows: int, cols: int) -> list[slice]:
 
 
 def each_block(rows: int, cols: int, work: Callable[[slice], None]) -> None:
-    """``work(rows)`` for every row range of row_blocks, on a thread pool when there is more than one; the first
-    error a block raises is raised here."""
+    """``work(block)`` for each row range ``block`` of row_blocks(rows, cols), on a thread pool when there is more
+    than one; the first error a block raises (in row order) is raised here."""
     blocks = row_blocks(rows, cols)
     if len(blocks) <= 1:
         for block in blocks:
