@@ -151,36 +151,18 @@ def persistent_ring_sweep(stream: Stream, model: CudaModel, position: int) -> di
     """Step time (graph replay at ``position``) of the persistent decode kernel with each ring depth that fits
     (TOOLTRIE_PERSISTENT_STAGES), beside the layered launch list's: how much weight in flight at the grid barriers
     suits it (the depth changes no bits)."""
-    from decoder_service.engines.cuda.persistent import MAX_STAGES, MIN_STAGES, STAGES_ENV, PersistentDecode
+    from decoder_service.engines.cuda.persistent import MAX_STAGES, MIN_STAGES, STAGES_ENV
 
     def step_ms() -> float:
         launches, _ = model._build(1, tokens_ptr=model.token.ptr, pos=position)
         return graph_ms(stream, launches)
 
     out = {"layered launch list": step_ms()}
-    buffers = {
-        "x": model.x.ptr,
-        "qkv": model.qkv.ptr,
-        "attn": model.attn.ptr,
-        "act": model.act.ptr,
-        "partial": model.attn_partial.ptr,
-        "rope": model.rope.ptr,
-        "done": model.attn_done.ptr,
-    }
     before, built = os.environ.get(STAGES_ENV), model.persistent
     try:
         for stages in range(MIN_STAGES, MAX_STAGES + 1):
             os.environ[STAGES_ENV] = str(stages)
-            model.persistent = PersistentDecode(
-                model.config,
-                model.weights,
-                buffers,
-                [buf.ptr for buf in model.k_cache],
-                [buf.ptr for buf in model.v_cache],
-                model.max_chunks,
-                model.module,
-                stream,
-            )
+            model.persistent = model.persistent_decode()
             try:
                 out[f"persistent, rings of {model.persistent.stages}"] = step_ms()
             finally:

@@ -425,27 +425,27 @@ class CudaModel:
         self.decode_kernel = decode_kernel_choice(config, self.max_chunks, decode_kernel)
         self.persistent: PersistentDecode | None = None
         if self.decode_kernel == "persistent":
-            self.persistent = PersistentDecode(
-                config,
-                self.weights,
-                {
-                    "x": self.x.ptr,
-                    "qkv": self.qkv.ptr,
-                    "attn": self.attn.ptr,
-                    "act": self.act.ptr,
-                    "partial": self.attn_partial.ptr,
-                    "rope": self.rope.ptr,
-                    "done": self.attn_done.ptr,
-                },
-                [buf.ptr for buf in self.k_cache],
-                [buf.ptr for buf in self.v_cache],
-                self.max_chunks,
-                module,
-                self.stream,
-            )
+            self.persistent = self.persistent_decode()
         self.length = 0  # positions held in the KV cache
         self._decode, self._decode_pos_args = self._build(1, tokens_ptr=self.token.ptr, pos=0)
         self._prefill_lists: OrderedDict[tuple[int, int], list[Launch]] = OrderedDict()
+
+    def persistent_decode(self) -> PersistentDecode:
+        """A persistent decode step over this model's weights, activations and KV cache (its ring depth from
+        $TOOLTRIE_PERSISTENT_STAGES as it is now); the caller frees it."""
+        buffers = {
+            "x": self.x.ptr,
+            "qkv": self.qkv.ptr,
+            "attn": self.attn.ptr,
+            "act": self.act.ptr,
+            "partial": self.attn_partial.ptr,
+            "rope": self.rope.ptr,
+            "done": self.attn_done.ptr,
+        }
+        k_caches, v_caches = [buf.ptr for buf in self.k_cache], [buf.ptr for buf in self.v_cache]
+        return PersistentDecode(
+            self.config, self.weights, buffers, k_caches, v_caches, self.max_chunks, self.module, self.stream
+        )
 
     # -- launch lists -------------------------------------------------------------------------------------
     def _build(
