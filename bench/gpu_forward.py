@@ -336,6 +336,55 @@ def stream_probe() -> dict[str, object]:
     return run_cuda_probe("gpu_stream_probe")
 
 
+def handover_probe() -> dict[str, object]:
+    """What one hand-over between blocks (a poll, a fenced flag, 2 KB through L2 or through a cluster's shared
+    memory, a grid barrier) costs while a weight stream of 1 to 12 16 KB copies an SM runs beside it
+    (bench/gpu_handover_probe.cu)."""
+    return run_cuda_probe("gpu_handover_probe")
+
+
+def handover_probe_lines(probe: dict[str, object]) -> list[str]:
+    """The hand-over probe's table for results/gpu.md (ns per hand-over, one column per stream depth); why it did
+    not run, if it ran and failed; nothing if it was not asked for."""
+    if "skipped" in probe:
+        return ["", f"Hand-over probe (`bench/gpu_handover_probe.cu`): not run here ({probe['skipped']})."]
+    runs = probe.get("runs")
+    if not runs:
+        return []
+    slots = sorted({r["slots"] for r in runs if r["stream"] != "none"})
+    rows: dict[tuple[str, int, str], dict[int, dict[str, float]]] = {}
+    for r in runs:
+        if r["stream"] == "none":
+            for where in ("others", "all"):
+                rows.setdefault((r["test"], r["cluster"], where), {})[0] = r
+        else:
+            rows.setdefault((r["test"], r["cluster"], r["stream"]), {})[r["slots"]] = r
+    rates = {r["slots"]: r["stream_TBps"] for r in runs if r["test"] == "chase" and r["stream"] == "others"}
+    lines = [
+        "",
+        f"What one hand-over costs beside a weight stream (`bench/gpu_handover_probe.cu`, {probe['sms']} SMs, one "
+        "block an SM; docs/cuda-speed-notes.md #102). Lane 0 of a second warp in each block streams 16 KB pieces "
+        "of a 1 GiB buffer with the copy unit, each re-issued as it lands, with the given number of copies in flight "
+        "an SM, on the SMs that take no part in the test (others) or on every SM (all). ns per hand-over: chase, one "
+        "L2 round trip (a pointer chase through 512 L2-resident lines); flag, a counter passed between two blocks with "
+        "a gpu-scope release store and acquire polls (near: in one cluster; far: half the grid apart), relaxed: "
+        "without the fences; data, 2 KB written before the release and read back after the acquire; dsmem, the same "
+        "2 KB through the partner's shared memory in a cluster of 2; grid barrier: the decode kernels' (one counter), "
+        "then one dependent L2 load; two-level: counted in the cluster first (clusters of 2 or 8). Every value read "
+        f"back as written: {'yes' if probe.get('all_values_as_expected') else 'no'}. The stream's rate with 1 to 12 "
+        "copies an SM on the other SMs: " + ", ".join(f"{k}: {v:.2f} TB/s" for k, v in sorted(rates.items())) + ".",
+        "",
+        "| test | cluster | stream on | idle | " + " | ".join(f"{k} in flight" for k in slots) + " |",
+        "| --- | --- | --- | --- | " + " | ".join("---" for _ in slots) + " |",
+    ]
+    for (test, cluster, where), by_slots in rows.items():
+        if len(by_slots) == 1:  # a barrier test's idle row has no stream on the other SMs only
+            continue
+        cells = " | ".join(f"{by_slots[k]['ns_per_handover']:.0f}" if k in by_slots else "-" for k in [0, *slots])
+        lines.append(f"| {test} | {cluster} | {where} | {cells} |")
+    return lines
+
+
 def stream_probe_lines(probe: dict[str, object]) -> list[str]:
     """The stream probe's table for results/gpu.md; why it did not run, if it ran and failed; nothing if it was not
     asked for."""
@@ -353,7 +402,9 @@ def stream_probe_lines(probe: dict[str, object]) -> list[str]:
         f"{probe['copy_TBps']:.2f} TB/s. Modes: barrier (a grid-wide barrier between phases), gap (barrier, plus 5 µs "
         "a layer after qkv, attention's place), free (no barrier), arithmetic (free, the input staged once), copy "
         "(slots released unread), compute (the consumers alone, no copies), barrier-staged-once (barrier, the input "
-        "staged once); weights unpacked from bf16 by a shift and a mask (as the engine's GEMVs) or by conversion "
+        "staged once), tagged (no barrier: each output a 64-bit word, the value below the phase's tag, stored and "
+        "polled with relaxed accesses, no fence or counter), tagged-gap (tagged, plus the 5 µs); weights unpacked "
+        "from bf16 by a shift and a mask (as the engine's GEMVs) or by conversion "
         "instructions (cvt). In flight: the copies the producer lets be outstanding (below the ring's slots, the "
         "rest of the ring holds landed slots ahead of the consumers); paused: the producer issues nothing from its "
         "block's arrival at a grid barrier to the release. Split: a block's µs per layer, averaged over "
@@ -514,6 +565,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
             "µs per grid-wide barrier inside one persistent kernel.",
         ]
     lines += stream_probe_lines(b.get("stream_probe", {}))
+    lines += handover_probe_lines(b.get("handover_probe", {}))
     pre = b.get("suffix_prefill")
     if pre:
         shares = ", ".join(
@@ -570,9 +622,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--sweeps",
-        default="breakdown,grid,prefix,alone,sync,stream,prefill,chain",
-        help="comma-separated studies: breakdown, grid, prefix, alone, sync, stream, prefill, chain (default: all), "
-        "fp8layout (with --weights fp8), persistent (the persistent decode kernel's ring depths)",
+        default="breakdown,grid,prefix,alone,sync,stream,handover,prefill,chain",
+        help="comma-separated studies: breakdown, grid, prefix, alone, sync, stream, handover, prefill, chain "
+        "(default: all), fp8layout (with --weights fp8), persistent (the persistent decode kernel's ring depths)",
     )
     parser.add_argument(
         "--weights",
@@ -634,6 +686,7 @@ def main() -> int:
     alone = alone_costs(stream, step) if "alone" in sweeps else {}
     sync = sync_cost() if "sync" in sweeps else {}
     probe = stream_probe() if "stream" in sweeps else {}
+    handover = handover_probe() if "handover" in sweeps else {}
     prefill_parts = prefill_study(stream, model, args.prompt, 36) if "prefill" in sweeps else {}
     chains = chain_study(stream, model, [args.prompt, args.prompt + 508]) if "chain" in sweeps else {}
     fp8_layouts = fp8_layout_sweep(stream, model, args.prompt) if "fp8layout" in sweeps else {}
@@ -675,6 +728,7 @@ def main() -> int:
         "alone_us_per_launch": alone,
         "sync_cost_us": sync,
         "stream_probe": probe,
+        "handover_probe": handover,
         "suffix_prefill": prefill_parts,
         "forced_chain": chains,
         "fp8_layout_sweep_ms_per_token": fp8_layouts,

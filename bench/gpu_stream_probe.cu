@@ -18,7 +18,9 @@
 // products alone keeping pace with the stream), copy (consumers release slots without reading them: the copy unit's
 // stream alone), compute (arithmetic on whatever the slots hold, with no copies and no waits: the consumers' own
 // rate), barrier-staged-once (barrier, with the input staged once: the barriers' cost without the staging's; its
-// products are not checked). Each mode but copy runs twice: the weights unpacked from bf16 by a shift and a mask, as
+// products are not checked), tagged (no barrier and no counter: each output is a 64-bit word holding the value
+// below the phase's tag, stored and polled with relaxed accesses, so a consumer stages an input as soon as each of
+// its words carries the phase's tag; docs/cuda-speed-notes.md #104), tagged-gap (tagged, with gap mode's 5 µs). Each mode but copy runs twice: the weights unpacked from bf16 by a shift and a mask, as
 // the engine's GEMVs do, and (unpack_with_cvt) by __bfloat1622float2's conversion instructions. For each ring depth,
 // consumer-warp count (one warp serves each slot) and cap on the copies in flight (below the ring's depth, the rest
 // of the ring holds landed slots ahead of the consumers) and, for three configurations, the stream paused from a
@@ -26,7 +28,7 @@
 // rate against a device-to-device copy, where a block's time went (Split) and, in the barrier modes, how far apart
 // the blocks reached each grid barrier and how long after the last one they were released (global timer). Checks a
 // down and a gate|up phase's outputs against a double-precision host product of the device's own inputs (barrier
-// mode), and fails when they differ.
+// and tagged modes), and fails when they differ.
 //   nvcc -arch=sm_90 -O3 -std=c++17 -o build/gpu_stream_probe bench/gpu_stream_probe.cu && build/gpu_stream_probe
 // `build/gpu_stream_probe MODE STAGES WARPS [IN_FLIGHT]` runs one configuration alone, e.g. under a profiler:
 //   ncu --set full -k stream_layers -c 1 build/gpu_stream_probe compute 8 8
@@ -56,7 +58,20 @@ constexpr int MAX_CONSUMER_WARPS = 12;  // stream_layers' launch bounds: 13 warp
 // stream_layers' dynamic shared memory: the ring's slots, then the staged input.
 constexpr size_t shared_bytes(int stages) { return (size_t)stages * SLOT_BYTES + MAX_K * 4; }
 
-enum Mode { BARRIER = 0, FREE = 1, COPY = 2, ARITHMETIC = 3, COMPUTE = 4, BARRIER_STAGED_ONCE = 5 };
+enum Mode { BARRIER = 0, FREE = 1, COPY = 2, ARITHMETIC = 3, COMPUTE = 4, BARRIER_STAGED_ONCE = 5, TAGGED = 6 };
+
+// TAGGED mode's hand-over (#102): each output is one 64-bit word, the value's bits below the phase's tag, stored and
+// polled with relaxed gpu-scope accesses: an aligned 64-bit access is single-copy atomic, so a word whose tag
+// matches holds its value, and no fence or counter is needed.
+__device__ __forceinline__ void st_tagged(unsigned long long* p, float v, unsigned tag) {
+    const unsigned long long word = ((unsigned long long)tag << 32) | __float_as_uint(v);
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(word) : "memory");
+}
+__device__ __forceinline__ unsigned long long ld_tagged(const unsigned long long* p) {
+    unsigned long long word;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(word) : "l"(p) : "memory");
+    return word;
+}
 
 // The modes with a grid barrier between phases (the kernel waits at them; the host reads their timestamps).
 __host__ __device__ constexpr bool has_barriers(int mode) { return mode == BARRIER || mode == BARRIER_STAGED_ONCE; }
@@ -94,6 +109,8 @@ struct ProbeParams {
     int in_flight;  // the producer issues tile i once tile i - in_flight has landed (stages: no cap beyond the ring)
     int pause_at_barriers;  // the producer issues nothing from the block's arrival at a grid barrier to its release
     long long gap_ns;  // after each layer's first phase, the block waits this long (attention's place)
+    unsigned long long* tagged;  // TAGGED mode's outputs: 2 x MAX_N words, by phase parity
+    unsigned tag0;  // TAGGED mode: phase ph's tag is tag0 + ph (each launch its own, so nothing is reset)
 };
 
 // Named barrier 1 among the consumer warps only (the producer warp never joins it).
@@ -151,18 +168,25 @@ __device__ __forceinline__ float dot8(const uint4& u, const float4& xa, const fl
 
 // Each row's lane sums folded with common.cuh's warp_sum; lane 0 writes rows row0 .. row0 + R - 1.
 template <int R>
-__device__ __forceinline__ void write_rows(float (&acc)[R], float* y, int row0, int lane) {
+__device__ __forceinline__ void write_rows(float (&acc)[R], float* y, int row0, int lane, unsigned long long* ty,
+                                           unsigned tag) {
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
     if (lane == 0) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) y[row0 + r] = acc[r];
+        for (int r = 0; r < R; ++r) {
+            if (ty)
+                st_tagged(ty + row0 + r, acc[r], tag);
+            else
+                y[row0 + r] = acc[r];
+        }
     }
 }
 
 // R rows of K columns from a slot: lane l takes the rows' 16-byte chunks l, l + 32, ..., as the engine's GEMVs do.
 template <int R, int K, bool WITH_CVT>
-__device__ __forceinline__ void reduce_rows(const unsigned char* slot, const float* xs, float* y, int row0, int lane) {
+__device__ __forceinline__ void reduce_rows(const unsigned char* slot, const float* xs, float* y, int row0, int lane,
+                                            unsigned long long* ty, unsigned tag) {
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
@@ -175,7 +199,7 @@ __device__ __forceinline__ void reduce_rows(const unsigned char* slot, const flo
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] = dot8<WITH_CVT>(w[r * chunks + c], xa, xb, acc[r]);
     }
-    write_rows<R>(acc, y, row0, lane);
+    write_rows<R>(acc, y, row0, lane, ty, tag);
 }
 
 // The phase's input (K floats, written by every block in the phase before) into shared memory, up to 8 float4s a
@@ -195,6 +219,33 @@ __device__ __forceinline__ void stage_input(const float* x, float* xs, int k, in
 #pragma unroll
         for (int j = 0; j < PER_THREAD; ++j)
             if (const int e = e0 + j * consumer_threads; e < n4) xs4[(e % 2) * (n4 / 2) + e / 2] = v[j];
+    }
+}
+
+// stage_input's layout from TAGGED mode's words: each thread polls its 8 values at once until every tag matches,
+// then stores them where stage_input would.
+__device__ __noinline__ void stage_tagged(const unsigned long long* x, float* xs, int k, int consumer_threads,
+                                             unsigned tag) {
+    constexpr int PER_THREAD = 8;
+    const int n4 = k / 4;
+    for (int j0 = threadIdx.x; j0 < k; j0 += PER_THREAD * consumer_threads) {
+        unsigned long long w[PER_THREAD];
+        bool ready = false;
+        while (!ready) {
+#pragma unroll
+            for (int j = 0; j < PER_THREAD; ++j)
+                if (j0 + j * consumer_threads < k) w[j] = ld_tagged(x + j0 + j * consumer_threads);
+            ready = true;
+#pragma unroll
+            for (int j = 0; j < PER_THREAD; ++j)
+                if (j0 + j * consumer_threads < k) ready = ready && (unsigned)(w[j] >> 32) == tag;
+        }
+#pragma unroll
+        for (int j = 0; j < PER_THREAD; ++j)
+            if (const int e = j0 + j * consumer_threads; e < k) {
+                const int e4 = e / 4;
+                xs[((e4 % 2) * (n4 / 2) + e4 / 2) * 4 + e % 4] = __uint_as_float((unsigned)w[j]);
+            }
     }
 }
 
@@ -283,6 +334,8 @@ __global__ void __launch_bounds__((MAX_CONSUMER_WARPS + 1) * 32, 1)
         const int n_tiles = s.n / s.rows_per_slot;
         const float* x = ybuf + ((ph + 1) & 1) * MAX_N;  // the phase before's outputs
         float* y = ybuf + (ph & 1) * MAX_N;
+        const bool tagged = p.mode == TAGGED;
+        unsigned long long* ty = tagged ? p.tagged + (ph & 1) * MAX_N : nullptr;
         if (barriers && ph > 0) {
             if (threadIdx.x == 0) {
                 const unsigned target = (unsigned)ph * gridDim.x;
@@ -295,7 +348,10 @@ __global__ void __launch_bounds__((MAX_CONSUMER_WARPS + 1) * 32, 1)
             consumers_sync(consumer_threads);
         }
         lap(GRID_WAIT);
-        if (!staged_once || ph == 0) {
+        if (tagged && ph > 0) {
+            stage_tagged(p.tagged + ((ph + 1) & 1) * MAX_N, xs, s.k, consumer_threads, p.tag0 + ph - 1);
+            consumers_sync(consumer_threads);
+        } else if (!staged_once || ph == 0) {
             stage_input(x, xs, staged_once ? MAX_K : s.k, consumer_threads);
             consumers_sync(consumer_threads);
         }
@@ -309,13 +365,13 @@ __global__ void __launch_bounds__((MAX_CONSUMER_WARPS + 1) * 32, 1)
             if (p.mode != COPY) {
                 const unsigned char* tile = ring + (size_t)slot * SLOT_BYTES;
                 if (s.k == 2048 && p.unpack_with_cvt)
-                    reduce_rows<4, 2048, true>(tile, xs, y, t * 4, lane);
+                    reduce_rows<4, 2048, true>(tile, xs, y, t * 4, lane, ty, p.tag0 + ph);
                 else if (s.k == 2048)
-                    reduce_rows<4, 2048, false>(tile, xs, y, t * 4, lane);
+                    reduce_rows<4, 2048, false>(tile, xs, y, t * 4, lane, ty, p.tag0 + ph);
                 else if (p.unpack_with_cvt)
-                    reduce_rows<1, 6144, true>(tile, xs, y, t, lane);
+                    reduce_rows<1, 6144, true>(tile, xs, y, t, lane, ty, p.tag0 + ph);
                 else
-                    reduce_rows<1, 6144, false>(tile, xs, y, t, lane);
+                    reduce_rows<1, 6144, false>(tile, xs, y, t, lane, ty, p.tag0 + ph);
             }
             __syncwarp();
             if (lane == 0 && p.mode != COMPUTE) mbar_arrive(&empty[slot]);
@@ -329,6 +385,7 @@ __global__ void __launch_bounds__((MAX_CONSUMER_WARPS + 1) * 32, 1)
             while (global_ns() - t0 < (unsigned long long)p.gap_ns) {
             }
         }
+        if (tagged && p.gap_ns > 0 && ph % PHASES_PER_LAYER == 0) consumers_sync(consumer_threads);
         if (barriers && threadIdx.x == 0) {
             stamps[((size_t)ph * gridDim.x + blockIdx.x) * 2] = global_ns();  // arrived
             if (ph + 1 < phases) *(volatile int*)&at_barrier = 1;
@@ -356,9 +413,11 @@ __global__ void fill_weights(__nv_bfloat16* w, long long n, float scale, uint32_
 int main(int argc, char** argv) {
     // With MODE STAGES WARPS [IN_FLIGHT], one configuration alone (weights unpacked by shift and mask), for a profiler.
     int only_mode = -1, only_stages = 0, only_warps = 0, only_in_flight = 0;
-    const char* mode_names[] = {"barrier", "gap", "free", "arithmetic", "copy", "compute", "barrier-staged-once"};
+    const char* mode_names[] = {"barrier", "gap",     "free",   "arithmetic", "copy",
+                                "compute", "barrier-staged-once", "tagged", "tagged-gap"};
+    constexpr int MODES = 9;
     if (argc == 4 || argc == 5) {
-        for (int m = 0; m < 7; ++m)
+        for (int m = 0; m < MODES; ++m)
             if (std::strcmp(argv[1], mode_names[m]) == 0) only_mode = m;
         only_stages = std::atoi(argv[2]);
         only_warps = std::atoi(argv[3]);
@@ -368,7 +427,7 @@ int main(int argc, char** argv) {
                       only_warps > MAX_CONSUMER_WARPS || only_in_flight < 1 ||
                       only_in_flight > only_stages)) {
         fprintf(stderr, "usage: %s [MODE STAGES WARPS [IN_FLIGHT]]: MODE one of barrier, gap, free, arithmetic, "
-                "copy, compute, barrier-staged-once; STAGES 1 to %d ring slots; WARPS 1 to %d consumer warps; "
+                "copy, compute, barrier-staged-once, tagged, tagged-gap; STAGES 1 to %d ring slots; WARPS 1 to %d consumer warps; "
                 "IN_FLIGHT 1 to STAGES copies in flight (default STAGES)\n", argv[0], MAX_STAGES, MAX_CONSUMER_WARPS);
         return 2;
     }
@@ -398,6 +457,9 @@ int main(int argc, char** argv) {
     const size_t n_stamps = (size_t)p.layers * PHASES_PER_LAYER * sms * 2;
     unsigned long long* stamps;
     CHECK(cudaMalloc(&stamps, n_stamps * sizeof(unsigned long long)));
+    CHECK(cudaMalloc(&p.tagged, 2 * MAX_N * sizeof(unsigned long long)));
+    CHECK(cudaMemset(p.tagged, 0, 2 * MAX_N * sizeof(unsigned long long)));
+    p.tag0 = 1;
     for (int l = 0; l < p.layers; ++l) {
         for (int j = 0; j < PHASES_PER_LAYER; ++j) {  // uniform, with a product's spread about its input's
             const PhaseShape& s = p.shape[j];
@@ -436,8 +498,8 @@ int main(int argc, char** argv) {
     printf("{\"device\": \"%s\", \"blocks\": %d, \"layers\": %d, \"weight_bytes\": %.0f, \"copy_TBps\": %.3f, "
            "\"floor_us_per_layer\": %.3f, \"runs\": [",
            prop.name, sms, p.layers, weight_bytes, copy_rate / 1e12, weight_bytes / copy_rate * 1e6 / p.layers);
-    const int modes[] = {BARRIER, BARRIER, FREE, ARITHMETIC, COPY, COMPUTE, BARRIER_STAGED_ONCE};
-    const long long gaps[] = {0, 5000, 0, 0, 0, 0, 0};
+    const int modes[] = {BARRIER, BARRIER, FREE, ARITHMETIC, COPY, COMPUTE, BARRIER_STAGED_ONCE, TAGGED, TAGGED};
+    const long long gaps[] = {0, 5000, 0, 0, 0, 0, 0, 0, 5000};
     // Ring slots, consumer warps, copies in flight at most, the stream paused at grid barriers.
     std::vector<std::array<int, 4>> configs = {
         {2, 2, 2, 0},   {4, 4, 4, 0},    {8, 4, 8, 0},  {8, 8, 8, 0},  {12, 4, 12, 0}, {12, 6, 12, 0},
@@ -458,6 +520,7 @@ int main(int argc, char** argv) {
         CHECK(cudaEventRecord(b, st));
         CHECK(cudaEventSynchronize(b));
         CHECK(cudaEventElapsedTime(ms, a, b));
+        p.tag0 += p.phases;  // the next launch's tags are new
         return 0;
     };
     // The last phase run (p.phases) against a float64 host product of the input the device left for it.
@@ -467,6 +530,15 @@ int main(int argc, char** argv) {
         std::vector<float> y(2 * MAX_N);
         std::vector<__nv_bfloat16> wl((size_t)s.n * s.k);
         CHECK(cudaMemcpy(y.data(), ybuf, y.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        if (p.mode == TAGGED) {  // the values below the tags (phase 0's input, the host's, is never the last's)
+            std::vector<unsigned long long> words(2 * MAX_N);
+            CHECK(cudaMemcpy(words.data(), p.tagged, words.size() * sizeof(unsigned long long),
+                             cudaMemcpyDeviceToHost));
+            for (size_t e = 0; e < words.size(); ++e) {
+                const uint32_t bits = (uint32_t)words[e];
+                std::memcpy(&y[e], &bits, sizeof bits);
+            }
+        }
         CHECK(cudaMemcpy(wl.data(), w + (last / PHASES_PER_LAYER) * p.layer_elems + s.offset,
                          wl.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
         const float* x = y.data() + ((last + 1) & 1) * MAX_N;
@@ -484,7 +556,7 @@ int main(int argc, char** argv) {
         return 0;
     };
     for (int cvt = 0; cvt < (only_mode >= 0 ? 1 : 2); ++cvt) {
-        for (int m = 0; m < 7; ++m) {
+        for (int m = 0; m < MODES; ++m) {
             if ((cvt && modes[m] == COPY) || (only_mode >= 0 && m != only_mode)) continue;  // copy unpacks nothing
             for (const auto& config : configs) {
                 const auto [stages, consumers, in_flight, pause] = config;
@@ -539,7 +611,7 @@ int main(int argc, char** argv) {
                              "\"release_spread\": %.3f, \"mean_wait\": %.3f, \"timer_step_ns\": %llu}",
                              spread / n, latency / n, release_spread / n, wait / n, step);
                 }
-                if (p.mode == BARRIER && gaps[m] == 0) {  // down, then (a launch ending one phase early) gate|up
+                if ((p.mode == BARRIER || p.mode == TAGGED) && gaps[m] == 0) {  // down, then (a launch ending one phase early) gate|up
                     if (check_last_phase()) return 1;
                     p.phases -= 1;
                     if (launch(consumers, &one) || check_last_phase()) return 1;
