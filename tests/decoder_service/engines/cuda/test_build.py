@@ -62,7 +62,7 @@ def test_cubin_builds_with_every_kernel(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="nvcc is not installed")
-@pytest.mark.parametrize("probe", ["gpu_sync_cost", "gpu_stream_probe"])
+@pytest.mark.parametrize("probe", ["gpu_sync_cost", "gpu_stream_probe", "gpu_handover_probe"])
 def test_bench_probe_compiles_to_sm90_machine_code(probe: str, tmp_path: Path) -> None:
     # The probes run only on the GPU machine (bench/gpu_forward.py builds them there); a build error would surface
     # there as a skipped study, so catch it here.
