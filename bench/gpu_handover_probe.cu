@@ -49,7 +49,8 @@ constexpr size_t BLOCK_SHARED = (size_t)MAX_SLOTS * PIECE + DATA_FLOATS * 4;
 
 enum Test { CHASE = 0, FLAG_NEAR, FLAG_FAR, FLAG_RELAXED, DATA_FAR, DATA_DSMEM, GRID_BARRIER, TWO_LEVEL, TESTS };
 enum Where { NOWHERE = 0, OTHERS = 1, ALL = 2 };
-const char* test_names[] = {"chase", "flag_near", "flag_far", "flag_relaxed", "data_far", "data_dsmem", "grid_barrier", "two_level"};
+const char* test_names[] = {"chase",    "flag_near",  "flag_far",     "flag_relaxed",
+                            "data_far", "data_dsmem", "grid_barrier", "two_level"};
 const char* where_names[] = {"none", "others", "all"};
 
 struct Params {
@@ -348,7 +349,8 @@ int main() {
                 if (barrier_test && where == OTHERS) continue;  // every SM takes part
                 for (int slots : {1, 2, 3, 4, 6, 12}) {
                     if (where == NOWHERE && slots != 1) continue;
-                    const Params p{test, where, slots, test == CHASE ? 4000 : 2000, test == CHASE ? 2 * CHASE_LINES : 200};
+                    const int rounds = test == CHASE ? 4000 : 2000, warmup = test == CHASE ? 2 * CHASE_LINES : 200;
+                    const Params p{test, where, slots, rounds, warmup};
                     CHECK(cudaMemset(st, 0, sizeof(State)));
                     CHECK(cudaMemset(slots_out, 0, (size_t)sms * 32 * sizeof(unsigned)));
                     CHECK(cudaMemset(data, 0, 2 * DATA_FLOATS * sizeof(float)));
@@ -358,7 +360,8 @@ int main() {
                     State h;
                     CHECK(cudaMemcpy(&h, st, sizeof(State), cudaMemcpyDeviceToHost));
                     // Flag and data tests time round trips: a hand-over is half of one.
-                    const double per = (double)h.elapsed_ns / p.rounds / (test >= FLAG_NEAR && test <= DATA_DSMEM ? 2 : 1);
+                    const bool round_trips = test >= FLAG_NEAR && test <= DATA_DSMEM;
+                    const double per = (double)h.elapsed_ns / p.rounds / (round_trips ? 2 : 1);
                     const double rate = h.stream_ns ? (double)h.streamed_bytes / ((double)h.stream_ns / 1e9) : 0.0;
                     const int streaming_blocks = where == NOWHERE ? 0
                                                  : where == ALL ? (int)cfg.gridDim.x

@@ -20,11 +20,12 @@
 // rate), barrier-staged-once (barrier, with the input staged once: the barriers' cost without the staging's; its
 // products are not checked), tagged (no barrier and no counter: each output is a 64-bit word holding the value
 // below the phase's tag, stored and polled with relaxed accesses, so a consumer stages an input as soon as each of
-// its words carries the phase's tag; docs/cuda-speed-notes.md #104), tagged-gap (tagged, with gap mode's 5 µs). Each mode but copy runs twice: the weights unpacked from bf16 by a shift and a mask, as
-// the engine's GEMVs do, and (unpack_with_cvt) by __bfloat1622float2's conversion instructions. For each ring depth,
-// consumer-warp count (one warp serves each slot) and cap on the copies in flight (below the ring's depth, the rest
-// of the ring holds landed slots ahead of the consumers) and, for three configurations of the barrier modes, the
-// stream paused from a block's arrival at a grid barrier to its release, prints as JSON microseconds per layer, the weight bytes'
+// its words carries the phase's tag; docs/cuda-speed-notes.md #104), tagged-gap (tagged, with gap mode's 5 µs).
+// Each mode but copy runs twice: the weights unpacked from bf16 by a shift and a mask, as the engine's GEMVs do,
+// and (unpack_with_cvt) by __bfloat1622float2's conversion instructions. For each ring depth, consumer-warp count
+// (one warp serves each slot) and cap on the copies in flight (below the ring's depth, the rest of the ring holds
+// landed slots ahead of the consumers) and, for three configurations of the barrier modes, the stream paused from
+// a block's arrival at a grid barrier to its release, prints as JSON microseconds per layer, the weight bytes'
 // rate against a device-to-device copy, where a block's time went (Split) and, in the barrier modes, how far apart
 // the blocks reached each grid barrier and how long after the last one they were released (global timer). Checks a
 // down and a gate|up phase's outputs against a double-precision host product of the device's own inputs (barrier
@@ -60,9 +61,9 @@ constexpr size_t shared_bytes(int stages) { return (size_t)stages * SLOT_BYTES +
 
 enum Mode { BARRIER = 0, FREE = 1, COPY = 2, ARITHMETIC = 3, COMPUTE = 4, BARRIER_STAGED_ONCE = 5, TAGGED = 6 };
 
-// TAGGED mode's hand-over (#102): each output is one 64-bit word, the value's bits below the phase's tag, stored and
-// polled with relaxed gpu-scope accesses: an aligned 64-bit access is single-copy atomic, so a word whose tag
-// matches holds its value, and no fence or counter is needed.
+// TAGGED mode's hand-over (docs/cuda-speed-notes.md #104): each output is one 64-bit word, the value's bits below
+// the phase's tag, stored and polled with relaxed gpu-scope accesses: an aligned 64-bit access is single-copy
+// atomic, so a word whose tag matches holds its value, and no fence or counter is needed.
 __device__ __forceinline__ void st_tagged(unsigned long long* p, float v, unsigned tag) {
     const unsigned long long word = ((unsigned long long)tag << 32) | __float_as_uint(v);
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(word) : "memory");
@@ -224,8 +225,9 @@ __device__ __forceinline__ void stage_input(const float* x, float* xs, int k, in
 
 // stage_input's layout from TAGGED mode's words: each thread polls its 8 values at once until every tag matches,
 // then stores them where stage_input would.
+// Out of line: inlined, it left the kernel with 40 bytes of spills (16 so).
 __device__ __noinline__ void stage_tagged(const unsigned long long* x, float* xs, int k, int consumer_threads,
-                                             unsigned tag) {
+                                          unsigned tag) {
     constexpr int PER_THREAD = 8;
     const int n4 = k / 4;
     for (int j0 = threadIdx.x; j0 < k; j0 += PER_THREAD * consumer_threads) {
@@ -427,7 +429,8 @@ int main(int argc, char** argv) {
                       only_warps > MAX_CONSUMER_WARPS || only_in_flight < 1 ||
                       only_in_flight > only_stages)) {
         fprintf(stderr, "usage: %s [MODE STAGES WARPS [IN_FLIGHT]]: MODE one of barrier, gap, free, arithmetic, "
-                "copy, compute, barrier-staged-once, tagged, tagged-gap; STAGES 1 to %d ring slots; WARPS 1 to %d consumer warps; "
+                "copy, compute, barrier-staged-once, tagged, tagged-gap; STAGES 1 to %d ring slots; WARPS 1 to %d "
+                "consumer warps; "
                 "IN_FLIGHT 1 to STAGES copies in flight (default STAGES)\n", argv[0], MAX_STAGES, MAX_CONSUMER_WARPS);
         return 2;
     }
@@ -613,7 +616,8 @@ int main(int argc, char** argv) {
                              "\"release_spread\": %.3f, \"mean_wait\": %.3f, \"timer_step_ns\": %llu}",
                              spread / n, latency / n, release_spread / n, wait / n, step);
                 }
-                if ((p.mode == BARRIER || p.mode == TAGGED) && gaps[m] == 0) {  // down, then (a launch ending one phase early) gate|up
+                // down, then (a launch ending one phase early) gate|up
+                if ((p.mode == BARRIER || p.mode == TAGGED) && gaps[m] == 0) {
                     if (check_last_phase()) return 1;
                     p.phases -= 1;
                     if (launch(consumers, &one) || check_last_phase()) return 1;
