@@ -24,8 +24,9 @@
 // Each mode but copy runs twice: the weights unpacked from bf16 by a shift and a mask, as the engine's GEMVs do,
 // and (unpack_with_cvt) by __bfloat1622float2's conversion instructions. For each ring depth, consumer-warp count
 // (one warp serves each slot) and cap on the copies in flight (below the ring's depth, the rest of the ring holds
-// landed slots ahead of the consumers) and, for three configurations of the barrier modes, the stream paused from
-// a block's arrival at a grid barrier to its release, prints as JSON microseconds per layer, the weight bytes'
+// landed slots ahead of the consumers) and, for five configurations of the barrier and tagged modes, the stream
+// paused from a block's arrival at a grid barrier to its release (tagged: from the end of its phase to its next
+// input staged), prints as JSON microseconds per layer, the weight bytes'
 // rate against a device-to-device copy, where a block's time went (Split) and, in the barrier modes, how far apart
 // the blocks reached each grid barrier and how long after the last one they were released (global timer). Checks a
 // down and a gate|up phase's outputs against a double-precision host product of the device's own inputs (barrier
@@ -108,7 +109,9 @@ struct ProbeParams {
     long long layer_elems;
     int layers, phases, stages, mode, unpack_with_cvt;
     int in_flight;  // the producer issues tile i once tile i - in_flight has landed (stages: no cap beyond the ring)
-    int pause_at_barriers;  // the producer issues nothing from the block's arrival at a grid barrier to its release
+    // The producer issues nothing from the block's arrival at a grid barrier to its release (tagged: from the end of
+    // the block's phase to its next input staged).
+    int pause_at_barriers;
     long long gap_ns;  // after each layer's first phase, the block waits this long (attention's place)
     unsigned long long* tagged;  // TAGGED mode's outputs: 2 x MAX_N words, by phase parity
     unsigned tag0;  // TAGGED mode: phase ph's tag is tag0 + ph (each launch its own, so nothing is reset)
@@ -353,6 +356,7 @@ __global__ void __launch_bounds__((MAX_CONSUMER_WARPS + 1) * 32, 1)
         if (tagged && ph > 0) {
             stage_tagged(p.tagged + ((ph + 1) & 1) * MAX_N, xs, s.k, consumer_threads, p.tag0 + ph - 1);
             consumers_sync(consumer_threads);
+            if (threadIdx.x == 0) *(volatile int*)&at_barrier = 0;
         } else if (!staged_once || ph == 0) {
             stage_input(x, xs, staged_once ? MAX_K : s.k, consumer_threads);
             consumers_sync(consumer_threads);
@@ -388,6 +392,7 @@ __global__ void __launch_bounds__((MAX_CONSUMER_WARPS + 1) * 32, 1)
             }
         }
         if (tagged && p.gap_ns > 0 && ph % PHASES_PER_LAYER == 0) consumers_sync(consumer_threads);
+        if (tagged && p.pause_at_barriers && threadIdx.x == 0 && ph + 1 < phases) *(volatile int*)&at_barrier = 1;
         if (barriers && threadIdx.x == 0) {
             stamps[((size_t)ph * gridDim.x + blockIdx.x) * 2] = global_ns();  // arrived
             if (ph + 1 < phases) *(volatile int*)&at_barrier = 1;
@@ -507,8 +512,8 @@ int main(int argc, char** argv) {
     std::vector<std::array<int, 4>> configs = {
         {2, 2, 2, 0},   {4, 4, 4, 0},    {8, 4, 8, 0},  {8, 8, 8, 0},  {12, 4, 12, 0}, {12, 6, 12, 0},
         {12, 8, 12, 0}, {12, 12, 12, 0}, {12, 8, 2, 0}, {12, 8, 3, 0}, {12, 8, 4, 0},  {12, 8, 6, 0},
-        {12, 8, 8, 0},  {12, 12, 4, 0},  {12, 12, 6, 0}, {12, 12, 8, 0}, {12, 8, 2, 1}, {12, 8, 4, 1},
-        {12, 8, 12, 1}};
+        {12, 8, 8, 0},  {12, 12, 4, 0},  {12, 12, 6, 0}, {12, 12, 8, 0}, {12, 8, 2, 1}, {12, 8, 3, 1},
+        {12, 8, 4, 1},  {12, 8, 6, 1},   {12, 8, 12, 1}};
     if (only_mode >= 0) configs = {{only_stages, only_warps, only_in_flight, 0}};
     bool first = true;
     int checks = 0;
@@ -564,7 +569,7 @@ int main(int argc, char** argv) {
             if ((cvt && modes[m] == COPY) || (only_mode >= 0 && m != only_mode)) continue;  // copy unpacks nothing
             for (const auto& config : configs) {
                 const auto [stages, consumers, in_flight, pause] = config;
-                if (pause && !has_barriers(modes[m])) continue;  // nothing to pause at
+                if (pause && !has_barriers(modes[m]) && modes[m] != TAGGED) continue;  // nothing to pause at
                 p.mode = modes[m];
                 p.gap_ns = gaps[m];
                 p.stages = stages;
