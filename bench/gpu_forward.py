@@ -337,9 +337,9 @@ def stream_probe() -> dict[str, object]:
 
 
 def handover_probe() -> dict[str, object]:
-    """What one hand-over between blocks (a poll, a fenced flag, 2 KB through L2 or through a cluster's shared
-    memory, a grid barrier) costs while a weight stream of 1 to 12 16 KB copies an SM runs beside it
-    (bench/gpu_handover_probe.cu)."""
+    """What one hand-over between blocks (an L2 round trip, a flag with and without fences, 2 KB through L2 or a
+    cluster's shared memory, a grid barrier) costs while a weight stream of 1 to 12 16 KB copies an SM runs beside
+    it (bench/gpu_handover_probe.cu)."""
     return run_cuda_probe("gpu_handover_probe")
 
 
