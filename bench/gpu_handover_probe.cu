@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "../cuda/async_copy.cuh"
+#include "../cuda/grid_sync.cuh"
 #include "cuda_check.h"
 
 constexpr int PIECE = 16384;
@@ -76,11 +77,6 @@ __device__ __forceinline__ unsigned long long global_ns() {
 __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ unsigned ld_relaxed_gpu(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 __device__ __forceinline__ void st_release_gpu(unsigned* p, unsigned v) {

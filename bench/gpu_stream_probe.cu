@@ -206,6 +206,10 @@ __device__ __forceinline__ void reduce_rows(const unsigned char* slot, const flo
     write_rows<R>(acc, y, row0, lane, ty, tag);
 }
 
+// Where stage_input puts float4 e of an n4-float4 input: the first halves of the 8-float chunks, then their second
+// halves.
+__device__ __forceinline__ int staged_float4(int e, int n4) { return (e % 2) * (n4 / 2) + e / 2; }
+
 // The phase's input (K floats, written by every block in the phase before) into shared memory, up to 8 float4s a
 // thread in flight at once (with one load at a time the 6,144-wide input took 16 L2 round trips), laid out as the
 // first halves of the 8-float chunks, then their second halves: a warp reading chunk c's halves for lanes c, c + 1,
@@ -222,7 +226,7 @@ __device__ __forceinline__ void stage_input(const float* x, float* xs, int k, in
             if (e0 + j * consumer_threads < n4) v[j] = __ldcg(x4 + e0 + j * consumer_threads);
 #pragma unroll
         for (int j = 0; j < PER_THREAD; ++j)
-            if (const int e = e0 + j * consumer_threads; e < n4) xs4[(e % 2) * (n4 / 2) + e / 2] = v[j];
+            if (const int e = e0 + j * consumer_threads; e < n4) xs4[staged_float4(e, n4)] = v[j];
     }
 }
 
@@ -247,10 +251,8 @@ __device__ __noinline__ void stage_tagged(const unsigned long long* x, float* xs
         }
 #pragma unroll
         for (int j = 0; j < PER_THREAD; ++j)
-            if (const int e = j0 + j * consumer_threads; e < k) {
-                const int e4 = e / 4;
-                xs[((e4 % 2) * (n4 / 2) + e4 / 2) * 4 + e % 4] = __uint_as_float((unsigned)w[j]);
-            }
+            if (const int e = j0 + j * consumer_threads; e < k)
+                xs[staged_float4(e / 4, n4) * 4 + e % 4] = __uint_as_float((unsigned)w[j]);
     }
 }
 

@@ -99,10 +99,10 @@ def test_fp8_rows_take_bf16_bits_as_the_engine_holds_them() -> None:
     # The CUDA engine hands over its bf16 copy; each block is widened on its own thread (several blocks here).
     rng = np.random.default_rng(6)
     q = quantize_rows(rng.normal(0, 0.05, (600, 4096)).astype(np.float32))
-    from_bits = fp8_rows(float32_to_bf16_bits(q))
+    bits = float32_to_bf16_bits(q)
+    from_bits = fp8_rows(bits)
     from_floats = fp8_rows(q)
     assert all(np.array_equal(a, b) for a, b in zip(from_bits, from_floats, strict=True))
-    bits = float32_to_bf16_bits(q)
     bits[457, 9] ^= 1  # one more mantissa bit than e4m3 holds
     with pytest.raises(ValueError, match=r"qkv: row 457 is not e4m3"):
         fp8_rows(bits, "qkv")
