@@ -147,32 +147,48 @@ def fp8_layout_sweep(stream: Stream, model: CudaModel, position: int) -> dict[st
     return out
 
 
-def persistent_ring_sweep(stream: Stream, model: CudaModel, position: int) -> dict[str, float]:
-    """Step time (graph replay at ``position``) of the persistent decode kernel with each ring depth that fits
-    (TOOLTRIE_PERSISTENT_STAGES), beside the layered launch list's: how much weight in flight at the grid barriers
-    suits it (the depth changes no bits)."""
-    from decoder_service.engines.cuda.persistent import MAX_STAGES, MIN_STAGES, STAGES_ENV
+# (ring slots, copies in flight at most, ns a poll sleeps after a miss) of the persistent kernel's sweep: the default,
+# tighter and looser caps, no cap, then polls that spin or sleep less or more.
+PERSISTENT_CONFIGS = (
+    (8, 3, 1000),
+    (8, 2, 1000),
+    (8, 4, 1000),
+    (8, 8, 1000),
+    (8, 3, 0),
+    (8, 3, 500),
+    (8, 3, 2000),
+)
+
+
+def persistent_sweep(stream: Stream, model: CudaModel, position: int) -> dict[str, float]:
+    """Step time (graph replay at ``position``) of the persistent decode kernel with each of PERSISTENT_CONFIGS
+    (TOOLTRIE_PERSISTENT_STAGES, _IN_FLIGHT and _POLL_NS; none changes a bit), beside the layered launch list's."""
+    from decoder_service.engines.cuda.persistent import IN_FLIGHT_ENV, POLL_NS_ENV, STAGES_ENV
 
     def step_ms() -> float:
         launches, _ = model._build(1, tokens_ptr=model.token.ptr, pos=position)
         return graph_ms(stream, launches)
 
     out = {"layered launch list": step_ms()}
-    before, built = os.environ.get(STAGES_ENV), model.persistent
+    names = (STAGES_ENV, IN_FLIGHT_ENV, POLL_NS_ENV)
+    before, built = {name: os.environ.get(name) for name in names}, model.persistent
     try:
-        for stages in range(MIN_STAGES, MAX_STAGES + 1):
-            os.environ[STAGES_ENV] = str(stages)
+        for config in PERSISTENT_CONFIGS:
+            os.environ.update({name: str(value) for name, value in zip(names, config, strict=True)})
             model.persistent = model.persistent_decode()
             try:
-                out[f"persistent, rings of {model.persistent.stages}"] = step_ms()
+                p = model.persistent
+                sleep = f", polls sleep {p.poll_ns} ns" if p.poll_ns else ""
+                out[f"persistent, ring of {p.stages}, {p.in_flight} in flight{sleep}"] = step_ms()
             finally:
                 model.persistent.free()
     finally:
         model.persistent = built
-        if before is None:
-            os.environ.pop(STAGES_ENV, None)
-        else:
-            os.environ[STAGES_ENV] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return out
 
 
@@ -625,7 +641,7 @@ def main() -> int:
         "--sweeps",
         default="breakdown,grid,prefix,alone,sync,stream,handover,prefill,chain",
         help="comma-separated studies: breakdown, grid, prefix, alone, sync, stream, handover, prefill, chain "
-        "(default: all), fp8layout (with --weights fp8), persistent (the persistent decode kernel's ring depths)",
+        "(default: all), fp8layout (with --weights fp8), persistent (the persistent decode kernel's ring and cap)",
     )
     parser.add_argument(
         "--weights",
@@ -691,7 +707,7 @@ def main() -> int:
     prefill_parts = prefill_study(stream, model, args.prompt, 36) if "prefill" in sweeps else {}
     chains = chain_study(stream, model, [args.prompt, args.prompt + 508]) if "chain" in sweeps else {}
     fp8_layouts = fp8_layout_sweep(stream, model, args.prompt) if "fp8layout" in sweeps else {}
-    persistent_rings = persistent_ring_sweep(stream, model, args.prompt) if "persistent" in sweeps else {}
+    persistent_rings = persistent_sweep(stream, model, args.prompt) if "persistent" in sweeps else {}
     head = next(launch for launch in step if launch.label == "gemv:head")
     head_ms = time_events(stream, lambda: head(stream), 20)
 

@@ -48,6 +48,7 @@
 
 #include "../cuda/async_copy.cuh"
 #include "../cuda/grid_sync.cuh"
+#include "../cuda/tagged.cuh"
 #include "cuda_check.h"
 
 constexpr int SLOT_BYTES = 16384;
@@ -63,17 +64,7 @@ constexpr size_t shared_bytes(int stages) { return (size_t)stages * SLOT_BYTES +
 enum Mode { BARRIER = 0, FREE = 1, COPY = 2, ARITHMETIC = 3, COMPUTE = 4, BARRIER_STAGED_ONCE = 5, TAGGED = 6 };
 
 // TAGGED mode's hand-over (docs/cuda-speed-notes.md #104): each output is one 64-bit word, the value's bits below
-// the phase's tag, stored and polled with relaxed gpu-scope accesses: an aligned 64-bit access is single-copy
-// atomic, so a word whose tag matches holds its value, and no fence or counter is needed.
-__device__ __forceinline__ void st_tagged(unsigned long long* p, float v, unsigned tag) {
-    const unsigned long long word = ((unsigned long long)tag << 32) | __float_as_uint(v);
-    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(word) : "memory");
-}
-__device__ __forceinline__ unsigned long long ld_tagged(const unsigned long long* p) {
-    unsigned long long word;
-    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(word) : "l"(p) : "memory");
-    return word;
-}
+// the phase's tag (cuda/tagged.cuh's st_tagged and ld_tagged), so no fence or counter is needed.
 
 // The modes with a grid barrier between phases (the kernel waits at them; the host reads their timestamps).
 __host__ __device__ constexpr bool has_barriers(int mode) { return mode == BARRIER || mode == BARRIER_STAGED_ONCE; }
@@ -247,12 +238,12 @@ __device__ __noinline__ void stage_tagged(const unsigned long long* x, float* xs
             ready = true;
 #pragma unroll
             for (int j = 0; j < PER_THREAD; ++j)
-                if (j0 + j * consumer_threads < k) ready = ready && (unsigned)(w[j] >> 32) == tag;
+                if (j0 + j * consumer_threads < k) ready = ready && tag_is(w[j], tag);
         }
 #pragma unroll
         for (int j = 0; j < PER_THREAD; ++j)
             if (const int e = j0 + j * consumer_threads; e < k)
-                xs[staged_float4(e / 4, n4) * 4 + e % 4] = __uint_as_float((unsigned)w[j]);
+                xs[staged_float4(e / 4, n4) * 4 + e % 4] = tagged_value(w[j]);
     }
 }
 

@@ -2,10 +2,10 @@
 
 Builds a second cubin with -DTT_TRACE (the product's cubin has no probes), runs the Qwen3-1.7B-shaped decode step
 (embedding, then the persistent kernel) as one CUDA graph after a prefill of each prompt length, and reads each
-block's timer at every phase's start (its barrier passed), inside it (the input staged; attention: the first task's
-record written) and at its end, for the first PDEC_TRACE_LAYERS layers. Prints, per phase of layers 1 and 2, the
-phase's span (first start to last end over the blocks) and the barrier after it (last end to the first start of
-the next phase), and writes every block's timestamps.
+block's timer at every phase's start (its part of the phase before done), inside it (the input staged; attention:
+the first task's record written) and at its end, for the first PDEC_TRACE_LAYERS layers. Prints, per phase of layers
+1 and 2, the phase's span (first start to last end over the blocks) and its hand-over (its last end to the first
+block's next phase's input staged), and writes every block's timestamps (null where a block has no work in a phase).
 
     PYTHONPATH=. python3 bench/gpu_trace_persistent.py --out trace_persistent.json
 """
@@ -43,21 +43,22 @@ TRACE_LAYERS = _define("PDEC_TRACE_LAYERS")
 
 
 def phase_table(rel: np.ndarray) -> list[dict[str, float | str | int]]:
-    """Per phase of layers 1 and 2 (layer 0 starts cold): its span over the blocks and the barrier after it."""
+    """Per phase of layers 1 and 2 (layer 0 starts cold): its span over the blocks and its hand-over, from its last
+    end to the first block's input of the next phase staged (attention: its first record)."""
     rows = []
     for layer in (1, 2):
         for p, name in enumerate(PHASES):
             start, inside, end = rel[:, layer, p, 0], rel[:, layer, p, 1], rel[:, layer, p, 2]
             nxt_layer, nxt_phase = (layer, p + 1) if p + 1 < len(PHASES) else (layer + 1, 0)
-            nxt = rel[:, nxt_layer, nxt_phase, 0].min()
+            nxt = np.nanmin(rel[:, nxt_layer, nxt_phase, 1])
             rows.append(
                 {
                     "layer": layer,
                     "phase": name,
-                    "span_us": float(end.max() - start.min()),
-                    "inside_after_start_median_us": float(np.median(inside - start)),
-                    "end_median_after_start_us": float(np.median(end - start)),
-                    "barrier_after_last_end_us": float(nxt - end.max()),
+                    "span_us": float(np.nanmax(end) - np.nanmin(start)),
+                    "inside_after_start_median_us": float(np.nanmedian(inside - start)),
+                    "end_median_after_start_us": float(np.nanmedian(end - start)),
+                    "next_input_after_last_end_us": float(nxt - np.nanmax(end)),
                 }
             )
     return rows
@@ -81,14 +82,14 @@ def trace_prompt(module: Module, weights: dict, prompt_len: int, repeats: int) -
         model.free()
     ns = trace[: blocks * TRACE_LAYERS * len(PHASES) * len(MARKS), 0]
     ns = ns.reshape(blocks, TRACE_LAYERS, len(PHASES), len(MARKS))
-    rel = (ns - ns[:, 0, 0, 0].min()) / 1e3
-    per_layer = float((rel[:, 3, 0, 0].min() - rel[:, 1, 0, 0].min()) / 2)
+    rel = np.where(ns > 0, (ns - ns[:, 0, 0, 0].min()) / 1e3, np.nan)  # no mark: the block had no work there
+    per_layer = float((np.nanmin(rel[:, 3, 0, 0]) - np.nanmin(rel[:, 1, 0, 0])) / 2)
     return {
         "prompt": prompt_len,
         "blocks": blocks,
         "us_per_layer": per_layer,
         "phases": phase_table(rel),
-        "blocks_us": rel.round(3).tolist(),
+        "blocks_us": np.where(np.isnan(rel), None, rel.round(3)).tolist(),
     }
 
 
@@ -109,8 +110,8 @@ def main() -> int:
         print(f"{r['prompt']}-token context: {r['us_per_layer']:.2f} µs per layer (layers 1-2)")
         for row in r["phases"]:
             print(
-                f"  layer {row['layer']} {row['phase']:9s} span {row['span_us']:6.2f} µs, barrier after it "
-                f"{row['barrier_after_last_end_us']:5.2f} µs"
+                f"  layer {row['layer']} {row['phase']:9s} span {row['span_us']:6.2f} µs, next input "
+                f"{row['next_input_after_last_end_us']:5.2f} µs after its end"
             )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"model": "qwen3-1.7b-shape (random bf16)", "traces": results}) + "\n")

@@ -71,11 +71,12 @@ __device__ __forceinline__ void attn_load_v_col(float (&v)[ATTN_V_COL], const fl
 
 // Requests K and V rows j0 .. j0 + rows - 1 of kv head kvh into L2: thread t takes 128-byte line t % lines of rows
 // t / lines, t / lines + blockDim.x / lines, ...
+template <int TEAM = 0>
 __device__ __forceinline__ void attn_prefetch_rows_l2(const float* k_cache, const float* v_cache, int j0, int rows,
                                                       int kv_stride, int kvh, int head_dim) {
     const int lines = max(1, head_dim / 32);  // 128-byte lines per row of one kv head
     const int line = threadIdx.x % lines;
-    for (int r = threadIdx.x / lines; r < rows; r += blockDim.x / lines) {
+    for (int r = threadIdx.x / lines; r < rows; r += team_size<TEAM>() / lines) {
         const size_t at = (size_t)(j0 + r) * kv_stride + kvh * head_dim + line * 32;
         asm volatile("prefetch.global.L2 [%0];" ::"l"(k_cache + at));
         asm volatile("prefetch.global.L2 [%0];" ::"l"(v_cache + at));
@@ -107,34 +108,37 @@ struct AttnDims {
 // them to the caches. The rows prefetch_row0 .. + prefetch_rows of the K/V caches are requested into L2 meanwhile,
 // so their HBM round trip overlaps the rotary work (a prefetch holds no registers; later loads then hit L2).
 // q_norm_d and k_norm_d are element threadIdx.x of the norm weights (loaded by the caller). Ends with a barrier.
-template <bool CG>
-__device__ __forceinline__ void attn_prepare_head(const float* qkv, bool q_has_norm, bool k_has_norm, float q_norm_d,
-                                                  float k_norm_d, float* k_cache, float* v_cache,
-                                                  const float* __restrict__ rope, int h, int pos, bool scores_pos,
-                                                  int prefetch_row0, int prefetch_rows, const AttnDims& d,
-                                                  AttnShared& sh, int mark) {
+// attn_prepare_head_from reads the q|k|v value at p (a place in qkv) as load_qkv(p): the persistent decode kernel
+// polls tagged words there.
+template <int TEAM, class LoadQkv>
+__device__ __forceinline__ void attn_prepare_head_from(const float* qkv, LoadQkv load_qkv, bool q_has_norm,
+                                                       bool k_has_norm, float q_norm_d, float k_norm_d, float* k_cache,
+                                                       float* v_cache,
+                                                       const float* __restrict__ rope, int h, int pos, bool scores_pos,
+                                                       int prefetch_row0, int prefetch_rows, const AttnDims& d,
+                                                       AttnShared& sh, int mark) {
     const int head_dim = d.head_dim, group_size = d.n_heads / d.n_kv_heads, kvh = h / group_size;
     const bool active = threadIdx.x < head_dim;
     const int q_width = d.n_heads * head_dim, kv_stride = d.n_kv_heads * head_dim;
     // The new token's q (and, for the block that scores row pos, its k and v) and the rotation's cosine and sine
     // in one round of loads.
-    const float q_raw = active ? load_activation<CG>(qkv + h * head_dim + threadIdx.x) : 0.0f;
+    const float q_raw = active ? load_qkv(qkv + h * head_dim + threadIdx.x) : 0.0f;
     const float2 cs = rope_cos_sin(rope, pos, head_dim);
     float k_raw = 0.0f, v_raw = 0.0f;
     if (scores_pos && active) {
-        k_raw = load_activation<CG>(qkv + q_width + kvh * head_dim + threadIdx.x);
-        v_raw = load_activation<CG>(qkv + q_width + kv_stride + kvh * head_dim + threadIdx.x);
+        k_raw = load_qkv(qkv + q_width + kvh * head_dim + threadIdx.x);
+        v_raw = load_qkv(qkv + q_width + kv_stride + kvh * head_dim + threadIdx.x);
     }
     if (prefetch_rows > 0)
-        attn_prefetch_rows_l2(k_cache, v_cache, prefetch_row0, prefetch_rows, kv_stride, kvh, head_dim);
+        attn_prefetch_rows_l2<TEAM>(k_cache, v_cache, prefetch_row0, prefetch_rows, kv_stride, kvh, head_dim);
 
     if (!scores_pos) {
         const float qd =
-            head_norm_rope_values(q_raw, q_has_norm, q_norm_d, cs, head_dim, d.eps, sh.rope_scratch, sh.scratch);
+            head_norm_rope_values<TEAM>(q_raw, q_has_norm, q_norm_d, cs, head_dim, d.eps, sh.rope_scratch, sh.scratch);
         if (active) sh.q[threadIdx.x] = qd;
     } else {  // q and k together: one reduction and one rotation phase instead of two of each
-        const float2 qk = head_norm_rope_pair(q_raw, k_raw, q_has_norm, k_has_norm, q_norm_d, k_norm_d, cs, head_dim,
-                                              d.eps, sh.rope_scratch, sh.scratch);
+        const float2 qk = head_norm_rope_pair<TEAM>(q_raw, k_raw, q_has_norm, k_has_norm, q_norm_d, k_norm_d, cs,
+                                                    head_dim, d.eps, sh.rope_scratch, sh.scratch);
         const float kd = qk.y;
         if (active) {
             sh.q[threadIdx.x] = qk.x;
@@ -148,8 +152,19 @@ __device__ __forceinline__ void attn_prepare_head(const float* qkv, bool q_has_n
         }
     }
     TT_MARK(mark + 2);
-    __syncthreads();
+    team_sync<TEAM>();
     TT_MARK(mark + 3);
+}
+
+template <bool CG, int TEAM = 0>
+__device__ __forceinline__ void attn_prepare_head(const float* qkv, bool q_has_norm, bool k_has_norm, float q_norm_d,
+                                                  float k_norm_d, float* k_cache, float* v_cache,
+                                                  const float* __restrict__ rope, int h, int pos, bool scores_pos,
+                                                  int prefetch_row0, int prefetch_rows, const AttnDims& d,
+                                                  AttnShared& sh, int mark) {
+    attn_prepare_head_from<TEAM>(qkv, [](const float* p) { return load_activation<CG>(p); }, q_has_norm, k_has_norm,
+                                 q_norm_d, k_norm_d, k_cache, v_cache, rope, h, pos, scores_pos, prefetch_row0,
+                                 prefetch_rows, d, sh, mark);
 }
 
 // Where chunk records go: (h, c)'s place in `partial` (global memory), or with `cluster` chunk c's row of the
@@ -164,6 +179,7 @@ struct AttnRecords {
 // Chunk c of head h (attn_prepare_head done for h): its scores, softmax max m and sum l, and V sums, written as the
 // record (m, l, acc[head_dim]) of (h, c) at to.at(h, c). Ends with a barrier (sh is free for the next chunk).
 // (attn_chunk_records_hd_form is the same arithmetic for a compile-time head_dim.)
+template <int TEAM = 0>
 __device__ __forceinline__ void attn_chunk_record(const float* __restrict__ k_cache, const float* __restrict__ v_cache,
                                                   const AttnRecords& to, int h, int c, int pos, const AttnDims& d,
                                                   AttnShared& sh, int mark) {
@@ -174,7 +190,7 @@ __device__ __forceinline__ void attn_chunk_record(const float* __restrict__ k_ca
     const float4* knew4 = reinterpret_cast<const float4*>(sh.knew);
     // Where head_dim does not divide the block (96), the threads past groups * head_dim sum rows a lower group also
     // sums, and their sums are never read.
-    const int groups = blockDim.x / head_dim;
+    const int groups = team_size<TEAM>() / head_dim;
     const int g = threadIdx.x / head_dim, dcol = threadIdx.x % head_dim;
     const int col_rows = ATTN_V_COL * groups;  // chunk rows whose V one round of loads covers
     const int j0 = c * ATTN_CHUNK, rows = min(ATTN_CHUNK, length - j0);
@@ -218,7 +234,7 @@ __device__ __forceinline__ void attn_chunk_record(const float* __restrict__ k_ca
         const int r = warp + u * ATTN_SPLIT_WARPS;
         if (lane == 0) sh.p[r] = r < rows ? s[u] * d.scale : -INFINITY;
     }
-    __syncthreads();
+    team_sync<TEAM>();
     TT_MARK(mark + 6);
     // Softmax weights: every warp works out the chunk's max and sum itself (one score a lane: warp_max and
     // warp_sum, the same in every warp), with no block barrier. Each warp keeps its own copy of the weights for
@@ -246,7 +262,7 @@ __device__ __forceinline__ void attn_chunk_record(const float* __restrict__ k_ca
         }
     }
     sh.red[g * head_dim + dcol] = acc;
-    __syncthreads();
+    team_sync<TEAM>();
     TT_MARK(mark + 8);
     float* rec = to.at(h, c, d);
     if (threadIdx.x < head_dim) {
@@ -258,7 +274,7 @@ __device__ __forceinline__ void attn_chunk_record(const float* __restrict__ k_ca
         rec[0] = m;
         rec[1] = l;
     }
-    __syncthreads();  // p, weights and red are reused by the next chunk; the records are written
+    team_sync<TEAM>();  // p, weights and red are reused by the next chunk; the records are written
 }
 
 // The warp sums of 4 values a lane, each with warp_sum's additions and so bit-identical to it (a butterfly's two
@@ -424,18 +440,19 @@ __device__ __forceinline__ void attn_chunk_record_for(const float* __restrict__ 
 // The merge of attn_count_and_merge up to ATTN_MERGE_SPLIT chunks: every chunk's (m, l) into shared memory and each
 // output element's first ATTN_MERGE_BATCH chunk values into registers, in one round of loads; later chunks' values
 // in batches. The merge arithmetic runs in ascending chunk order. ph: head h's records.
-__device__ __forceinline__ void attn_merge_serial(const float* ph, float* __restrict__ out, int h, int n_chunks,
-                                                  int head_dim, float* merge_m, float* merge_l, int mark) {
+template <int TEAM, class Store>
+__device__ __forceinline__ void attn_merge_serial(const float* ph, Store store, int h, int n_chunks, int head_dim,
+                                                  float* merge_m, float* merge_l, int mark) {
     const bool active = threadIdx.x < head_dim;
     float vals[ATTN_MERGE_BATCH];
 #pragma unroll
     for (int j = 0; j < ATTN_MERGE_BATCH; ++j)
         vals[j] = active && j < n_chunks ? __ldcg(ph + j * (head_dim + 2) + 2 + threadIdx.x) : 0.0f;
-    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) {
+    for (int c = threadIdx.x; c < n_chunks; c += team_size<TEAM>()) {
         merge_m[c] = __ldcg(ph + c * (head_dim + 2));
         merge_l[c] = __ldcg(ph + c * (head_dim + 2) + 1);
     }
-    __syncthreads();
+    team_sync<TEAM>();
     TT_MARK(mark + 11);
     if (active) {
         float mx = -INFINITY;
@@ -456,7 +473,7 @@ __device__ __forceinline__ void attn_merge_serial(const float* ph, float* __rest
                 }
             }
         }
-        out[h * head_dim + threadIdx.x] = a / lsum;
+        store(h * head_dim + threadIdx.x, a / lsum);
     }
 }
 
@@ -466,10 +483,11 @@ __device__ __forceinline__ void attn_merge_serial(const float* ph, float* __rest
 // are added in part order. The arithmetic depends on n_chunks and head_dim alone, never on the grid. Its run loop
 // repeats attn_merge_serial's rather than sharing it: a shared form changed the short contexts' machine code, and
 // one such form measured slower at 708 positions (#76).
-__device__ __forceinline__ void attn_merge_split(const float* ph, float* __restrict__ out, int h, int n_chunks,
-                                                 int head_dim, AttnShared& sh, float* merge_m, float* merge_l,
-                                                 int mark) {
-    const int parts = (int)blockDim.x / head_dim;  // at most 16 (head_dim >= 16): sh.scratch[32 ..] holds their l
+template <int TEAM, class Store>
+__device__ __forceinline__ void attn_merge_split(const float* ph, Store store, int h, int n_chunks, int head_dim,
+                                                 AttnShared& sh, float* merge_m, float* merge_l, int mark) {
+    // at most 16 (head_dim >= 16): sh.scratch[32 ..] holds their l
+    const int parts = (int)team_size<TEAM>() / head_dim;
     const int part = threadIdx.x / head_dim, e = threadIdx.x % head_dim;
     const int per_part = (n_chunks + parts - 1) / parts;
     const int c_begin = min(n_chunks, part * per_part), c_end = min(n_chunks, c_begin + per_part);
@@ -479,12 +497,12 @@ __device__ __forceinline__ void attn_merge_split(const float* ph, float* __restr
     for (int j = 0; j < ATTN_MERGE_BATCH; ++j)
         vals[j] = merging && c_begin + j < c_end ? __ldcg(ph + (c_begin + j) * (head_dim + 2) + 2 + e) : 0.0f;
     float mx = -INFINITY;
-    for (int c = threadIdx.x; c < n_chunks; c += blockDim.x) {
+    for (int c = threadIdx.x; c < n_chunks; c += team_size<TEAM>()) {
         merge_m[c] = __ldcg(ph + c * (head_dim + 2));
         merge_l[c] = __ldcg(ph + c * (head_dim + 2) + 1);
         mx = fmaxf(mx, merge_m[c]);
     }
-    mx = block_max(mx, sh.scratch);  // its barriers also publish merge_m and merge_l
+    mx = block_max<TEAM>(mx, sh.scratch);  // its barriers also publish merge_m and merge_l
     TT_MARK(mark + 11);
     float lsum = 0.0f, a = 0.0f;
     if (merging) {
@@ -506,7 +524,7 @@ __device__ __forceinline__ void attn_merge_split(const float* ph, float* __restr
         sh.red[threadIdx.x] = a;
         if (e == 0) sh.scratch[32 + part] = lsum;
     }
-    __syncthreads();
+    team_sync<TEAM>();
     if (threadIdx.x < head_dim) {
         a = sh.red[threadIdx.x];
         lsum = sh.scratch[32];
@@ -514,21 +532,23 @@ __device__ __forceinline__ void attn_merge_split(const float* ph, float* __restr
             a += sh.red[p * head_dim + threadIdx.x];
             lsum += sh.scratch[32 + p];
         }
-        out[h * head_dim + threadIdx.x] = a / lsum;
+        store(h * head_dim + threadIdx.x, a / lsum);
     }
 }
 
 // Counts this block's records of head h in (`arrivals` of `done[h]`'s `expected`); the block that brings the count to
-// `expected` merges the head's n_chunks records in ascending order into out and resets the counter. Which block
-// merges changes nothing. merge_m and merge_l hold n_chunks floats each (shared memory). Uniform across the block.
+// `expected` merges the head's n_chunks records in ascending order, store(i, value) taking output element i, and
+// (reset) sets the counter back to zero. Which block merges changes nothing. merge_m and merge_l hold n_chunks floats
+// each (shared memory). Uniform across the block.
 // The barrier that ends the last chunk orders the block's record writes before thread 0's count, whose release
 // (cumulative) publishes them; the merging block's count is also an acquire, and the barrier after it orders its
 // threads' reads of the other blocks' records after it. One acq_rel atomic instead of two full fences around a
 // relaxed one.
-__device__ __forceinline__ void attn_count_and_merge(float* __restrict__ partial, float* __restrict__ out,
-                                                     int* __restrict__ done, int h, int n_chunks, int expected,
-                                                     const AttnDims& d, AttnShared& sh, float* merge_m,
-                                                     float* merge_l, int mark) {
+template <int TEAM, class Store>
+__device__ __forceinline__ void attn_count_and_merge_to(float* __restrict__ partial, Store store, bool reset,
+                                                        int* __restrict__ done, int h, int n_chunks, int expected,
+                                                        const AttnDims& d, AttnShared& sh, float* merge_m,
+                                                        float* merge_l, int mark) {
     const int head_dim = d.head_dim;
     TT_MARK(mark + 9);
     if (threadIdx.x == 0) {
@@ -536,16 +556,32 @@ __device__ __forceinline__ void attn_count_and_merge(float* __restrict__ partial
         asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(before) : "l"(done + h) : "memory");
         sh.merge = before == expected - 1;
     }
-    __syncthreads();
+    team_sync<TEAM>();
     TT_MARK(mark + 10);
     if (!sh.merge) return;
     const float* ph = partial + (size_t)h * d.max_chunks * (head_dim + 2);
     if (n_chunks > ATTN_MERGE_SPLIT)  // uniform
-        attn_merge_split(ph, out, h, n_chunks, head_dim, sh, merge_m, merge_l, mark);
+        attn_merge_split<TEAM>(ph, store, h, n_chunks, head_dim, sh, merge_m, merge_l, mark);
     else
-        attn_merge_serial(ph, out, h, n_chunks, head_dim, merge_m, merge_l, mark);
-    if (threadIdx.x == 0) done[h] = 0;  // ready for the next use (a later launch, or the next layer)
+        attn_merge_serial<TEAM>(ph, store, h, n_chunks, head_dim, merge_m, merge_l, mark);
+    if (reset && threadIdx.x == 0) done[h] = 0;  // ready for the next use (a later launch, or the next layer)
     TT_MARK(mark + 12);
+}
+
+// attn_count_and_merge's store: plain floats. The index is unsigned, as the expression it replaces was, so the
+// layered kernels' machine code is what it was before the store became a parameter.
+struct AttnStoreOut {
+    float* __restrict__ out;
+    __device__ __forceinline__ void operator()(unsigned i, float v) const { out[i] = v; }
+};
+
+template <int TEAM = 0>
+__device__ __forceinline__ void attn_count_and_merge(float* __restrict__ partial, float* __restrict__ out,
+                                                     int* __restrict__ done, int h, int n_chunks, int expected,
+                                                     const AttnDims& d, AttnShared& sh, float* merge_m,
+                                                     float* merge_l, int mark) {
+    attn_count_and_merge_to<TEAM>(partial, AttnStoreOut{out}, true, done, h, n_chunks, expected,
+                                  d, sh, merge_m, merge_l, mark);
 }
 
 // This block's rank in its cluster.

@@ -72,36 +72,58 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// A block's team: the threads that take part in its collective steps (the block reductions below, input staging,
+// attention). TEAM 0: every thread of the block, synchronised by __syncthreads. TEAM > 0: threads 0 .. TEAM - 1,
+// synchronised on named barrier 1, so that threads past them (the persistent decode kernel's producer warp, which
+// streams weights on its own) never join. Either way the reductions' trees depend on the team's size alone.
+template <int TEAM>
+__device__ __forceinline__ unsigned team_size() {  // unsigned, as blockDim.x is: the same arithmetic
+    if constexpr (TEAM > 0)
+        return TEAM;
+    else
+        return blockDim.x;
+}
+
+template <int TEAM>
+__device__ __forceinline__ void team_sync() {
+    if constexpr (TEAM > 0)
+        asm volatile("bar.sync 1, %0;" ::"n"(TEAM) : "memory");
+    else
+        __syncthreads();
+}
+
 // Block-wide sum with a fixed tree: warp butterflies, then warp 0 folds the per-warp partials the same way.
-// `scratch` holds at least 32 floats; blockDim.x is a multiple of 32. Every thread receives the total.
+// `scratch` holds at least 32 floats; the team is a multiple of 32 threads. Every thread of the team receives the
+// total.
+template <int TEAM = 0>
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
-    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, nwarps = blockDim.x / TT_WARP;
+    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, nwarps = team_size<TEAM>() / TT_WARP;
     v = warp_sum(v);
-    __syncthreads();  // scratch may still be read by a previous call
+    team_sync<TEAM>();  // scratch may still be read by a previous call
     if (lane == 0) scratch[warp] = v;
-    __syncthreads();
+    team_sync<TEAM>();
     if (warp == 0) {
         float p = lane < nwarps ? scratch[lane] : 0.0f;
         p = warp_sum(p);
         if (lane == 0) scratch[0] = p;
     }
-    __syncthreads();
+    team_sync<TEAM>();
     return scratch[0];
 }
 
 // N block-wide sums at once, each with block_sum's tree (so each is bit-identical to it), sharing its barriers.
 // `scratch` holds at least 32 * N floats.
-template <int N>
+template <int N, int TEAM = 0>
 __device__ __forceinline__ void block_sums(float (&v)[N], float* scratch) {
-    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, nwarps = blockDim.x / TT_WARP;
+    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, nwarps = team_size<TEAM>() / TT_WARP;
 #pragma unroll
     for (int i = 0; i < N; ++i) v[i] = warp_sum(v[i]);
-    __syncthreads();
+    team_sync<TEAM>();
     if (lane == 0) {
 #pragma unroll
         for (int i = 0; i < N; ++i) scratch[32 * i + warp] = v[i];
     }
-    __syncthreads();
+    team_sync<TEAM>();
     if (warp == 0) {
 #pragma unroll
         for (int i = 0; i < N; ++i) {
@@ -109,29 +131,31 @@ __device__ __forceinline__ void block_sums(float (&v)[N], float* scratch) {
             if (lane == 0) scratch[32 * i] = p;
         }
     }
-    __syncthreads();
+    team_sync<TEAM>();
 #pragma unroll
     for (int i = 0; i < N; ++i) v[i] = scratch[32 * i];
 }
 
+template <int TEAM = 0>
 __device__ __forceinline__ float2 block_sum2(float a, float b, float* scratch) {
     float v[2] = {a, b};
-    block_sums<2>(v, scratch);
+    block_sums<2, TEAM>(v, scratch);
     return make_float2(v[0], v[1]);
 }
 
+template <int TEAM = 0>
 __device__ __forceinline__ float block_max(float v, float* scratch) {
-    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, nwarps = blockDim.x / TT_WARP;
+    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, nwarps = team_size<TEAM>() / TT_WARP;
     v = warp_max(v);
-    __syncthreads();
+    team_sync<TEAM>();
     if (lane == 0) scratch[warp] = v;
-    __syncthreads();
+    team_sync<TEAM>();
     if (warp == 0) {
         float p = lane < nwarps ? scratch[lane] : -INFINITY;
         p = warp_max(p);
         if (lane == 0) scratch[0] = p;
     }
-    __syncthreads();
+    team_sync<TEAM>();
     return scratch[0];
 }
 

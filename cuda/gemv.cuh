@@ -35,12 +35,12 @@
 // HALVES: float4 e goes to xs4[(e % 2) * K / 8 + e / 2], so the first and second halves of the 8 inputs of weight
 // chunk c sit at xs4[c] and xs4[K / 8 + c]: a warp reading consecutive chunks then reads consecutive float4s
 // (gemv_stream.cuh). CG: the row is read through L2 only (load_activation; the persistent decode kernel).
-template <bool HALVES = false, bool CG = false>
+template <bool HALVES = false, bool CG = false, int TEAM = 0>
 __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const float* __restrict__ xt,
                                                  const bf16_t* __restrict__ norm_w, int x_mode, float eps, int K,
                                                  float* scratch) {
     const float4* x4 = reinterpret_cast<const float4*>(xt);
-    const int k4 = K / 4, stride = blockDim.x;
+    const int k4 = K / 4, stride = team_size<TEAM>();
     auto slot = [K](int e) { return HALVES ? (e % 2) * (K / 8) + e / 2 : e; };
     if (x_mode == GEMV_IN_RMSNORM && k4 <= GEMV_STAGE_BATCH * stride) {
         // The row fits one batch: one round of loads serves the sum of squares (rms_sum_of_squares's partition
@@ -61,14 +61,14 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
         for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
             if (threadIdx.x + i * stride < k4) ss = fma_squares(v[i], ss);
         }
-        const float inv = rms_inverse(block_sum(ss, scratch), K, eps);
+        const float inv = rms_inverse(block_sum<TEAM>(ss, scratch), K, eps);
 #pragma unroll
         for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
             const int e = threadIdx.x + i * stride;
             if (e < k4) xs4[slot(e)] = rms_scale4(v[i], inv, w[i]);
         }
     } else if (x_mode == GEMV_IN_RMSNORM) {
-        const float inv = rms_inverse(rms_sum_of_squares<CG>(x4, k4, scratch), K, eps);
+        const float inv = rms_inverse(rms_sum_of_squares<CG, TEAM>(x4, k4, scratch), K, eps);
         const uint2* w4 = reinterpret_cast<const uint2*>(norm_w);  // 4 bf16 weights per float4 chunk
         for (int base = threadIdx.x; base < k4; base += GEMV_STAGE_BATCH * stride) {
             float4 v[GEMV_STAGE_BATCH];
@@ -102,7 +102,7 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
             }
         }
     }
-    __syncthreads();
+    team_sync<TEAM>();
 }
 
 #define GEMV_TRACE_SLOT 6144  // TT_MARK slots of block b: 6144 + 4b .. 6144 + 4b + 3 (-DTT_TRACE)

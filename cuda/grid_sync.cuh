@@ -20,24 +20,27 @@ __device__ __forceinline__ unsigned ld_relaxed_gpu(const unsigned* p) {
 }
 
 // This block has finished the phase: every thread's writes of it are published with thread 0's count.
+template <int TEAM = 0>
 __device__ __forceinline__ void grid_arrive(unsigned* counter) {
-    __syncthreads();
+    team_sync<TEAM>();
     if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
 }
 
 // Returns to every thread of the block once the counter reaches `target` (every block has arrived that often).
+template <int TEAM = 0>
 __device__ __forceinline__ void grid_wait(const unsigned* counter, unsigned target) {
     if (threadIdx.x == 0) {
         while (ld_relaxed_gpu(counter) < target) {
         }
         asm volatile("fence.acq_rel.gpu;" ::: "memory");
     }
-    __syncthreads();
+    team_sync<TEAM>();
 }
 
 // The launch's final arrival of this block, of `total` in all: the last one leaves the counter at zero.
+template <int TEAM = 0>
 __device__ __forceinline__ void grid_arrive_last(unsigned* counter, unsigned total) {
-    __syncthreads();
+    team_sync<TEAM>();
     if (threadIdx.x == 0) {
         unsigned before;
         asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(counter) : "memory");

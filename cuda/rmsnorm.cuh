@@ -24,14 +24,14 @@ __device__ __forceinline__ float4 rms_scale4(const float4 v, float inv, const ui
 
 // Per-thread partial sum of squares of n4 float4 chunks, then the block total (every thread receives it). CG: load
 // through L2 only (load_activation).
-template <bool CG = false>
+template <bool CG = false, int TEAM = 0>
 __device__ __forceinline__ float rms_sum_of_squares(const float4* __restrict__ x4, int n4, float* scratch) {
     float ss = 0.0f;
 #pragma unroll 4
-    for (int e = threadIdx.x; e < n4; e += blockDim.x) {
+    for (int e = threadIdx.x; e < n4; e += team_size<TEAM>()) {
         ss = fma_squares(load_activation<CG>(x4 + e), ss);
     }
-    return block_sum(ss, scratch);
+    return block_sum<TEAM>(ss, scratch);
 }
 
 __device__ __forceinline__ float rms_inverse(float sum_of_squares, int n, float eps) {

@@ -35,36 +35,38 @@ __device__ __forceinline__ float2 rope_cos_sin(const float* __restrict__ table, 
 // (others 0). Every thread of the block calls it (block_sum);
 // whatever the block size, the sum of squares is bit-identical (absent warps add zeros). `head` is head_dim floats
 // of shared scratch.
+template <int TEAM = 0>
 __device__ __forceinline__ float head_norm_rope_values(float v, bool has_norm, float norm_wd, float2 cs, int head_dim,
                                                        float eps, float* head, float* scratch) {
     const int d = threadIdx.x;
     const bool active = d < head_dim;  // blocks have whole warps; head_dim may be 16
     if (has_norm) {
-        const float ss = block_sum(v * v, scratch);
+        const float ss = block_sum<TEAM>(v * v, scratch);
         if (active) v = v * rsqrtf(ss / (float)head_dim + eps) * norm_wd;
     }
     if (active) head[d] = v;
-    __syncthreads();
+    team_sync<TEAM>();
     float out = 0.0f;
     if (active) {
         const int half = head_dim / 2;
         const float rotated = d < half ? -head[d + half] : head[d - half];
         out = fmaf(v, cs.x, rotated * cs.y);  // one explicit rounding pattern in every caller
     }
-    __syncthreads();  // head is free again
+    team_sync<TEAM>();  // head is free again
     return out;
 }
 
 // q and k of one head pair at once (decode attention's block that writes the new token's cache row): the two sums
 // of squares share one reduction's barriers and the two rotations one angle. Each result is bit-identical to
 // head_norm_rope_values's for the same inputs. `heads` is 2 * head_dim floats of shared scratch, `scratch` 64.
+template <int TEAM = 0>
 __device__ __forceinline__ float2 head_norm_rope_pair(float q, float k, bool q_has_norm, bool k_has_norm, float q_wd,
                                                       float k_wd, float2 cs, int head_dim, float eps, float* heads,
                                                       float* scratch) {
     const int d = threadIdx.x;
     const bool active = d < head_dim;
     if (q_has_norm || k_has_norm) {
-        const float2 ss = block_sum2(q * q, k * k, scratch);
+        const float2 ss = block_sum2<TEAM>(q * q, k * k, scratch);
         if (active && q_has_norm) q = q * rsqrtf(ss.x / (float)head_dim + eps) * q_wd;
         if (active && k_has_norm) k = k * rsqrtf(ss.y / (float)head_dim + eps) * k_wd;
     }
@@ -72,7 +74,7 @@ __device__ __forceinline__ float2 head_norm_rope_pair(float q, float k, bool q_h
         heads[d] = q;
         heads[head_dim + d] = k;
     }
-    __syncthreads();
+    team_sync<TEAM>();
     float2 out = make_float2(0.0f, 0.0f);
     if (active) {
         const int half = head_dim / 2, partner = d < half ? d + half : d - half;
@@ -81,7 +83,7 @@ __device__ __forceinline__ float2 head_norm_rope_pair(float q, float k, bool q_h
         out.x = fmaf(q, cs.x, q_rot * cs.y);
         out.y = fmaf(k, cs.x, k_rot * cs.y);
     }
-    __syncthreads();  // heads is free again
+    team_sync<TEAM>();  // heads is free again
     return out;
 }
 

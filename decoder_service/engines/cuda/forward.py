@@ -435,9 +435,6 @@ class CudaModel:
         $TOOLTRIE_PERSISTENT_STAGES as it is now); the caller frees it."""
         buffers = {
             "x": self.x.ptr,
-            "qkv": self.qkv.ptr,
-            "attn": self.attn.ptr,
-            "act": self.act.ptr,
             "partial": self.attn_partial.ptr,
             "rope": self.rope.ptr,
             "done": self.attn_done.ptr,

@@ -1,12 +1,13 @@
 """The decode step as one persistent kernel (cuda/decode_persistent.cuh): which models it serves, its plan in device
 memory, and its launch.
 
-One block per SM runs every layer's phases with grid-wide barriers between them, and each warp streams its weight
-pieces for the whole step through one shared-memory ring, so the weights of the next phase arrive while a block
-waits at a barrier or works on attention. Its results are the layered launch list's bits (the same row sums, the
-same attention chunks and merge); the GPU tests compare the two step for step. It is opt-in
-(``TOOLTRIE_DECODE_KERNEL=persistent``): on an H200 its five grid barriers a layer cost more than the kernel
-boundaries they replace (docs/cuda-speed-notes.md #58-#62).
+One block per SM runs every layer's phases, with no grid-wide barrier: each phase's outputs go from block to block
+as tagged words, and a block starts a phase once its input is complete. One producer thread per block streams the
+block's weight tiles for the whole step into a block-wide ring of 16 KB slots, holding at most ``in_flight`` copies in
+flight, so the weights of the next phase arrive while the block's 8 consumer warps wait for an input or work on
+attention. Its results are the layered launch list's bits (the same row sums, the same attention chunks and merge);
+the GPU tests compare the two step for step. It is opt-in (``TOOLTRIE_DECODE_KERNEL=persistent``): on an H200 its
+earlier forms, with grid barriers, were slower than the layered list (docs/cuda-speed-notes.md #58-#62, #105, #107).
 """
 
 from __future__ import annotations
@@ -23,17 +24,25 @@ from decoder_service.engines.cuda.weights import ModelWeights
 from decoder_service.engines.env import env_int
 from decoder_service.models.config import ModelConfig
 
-PDEC_THREADS = 256
-SLOT_BYTES = 8 * 2048 * 2  # GSTREAM_TILE_BYTES: one 4 KB piece for each of the block's 8 warps
-MAX_STAGES = 6  # GSTREAM_MAX_STAGES: the ring barriers the kernel has per warp
-MIN_STAGES = 2  # a shallower ring leaves nothing in flight while a piece is reduced
-# The kernel's static shared memory (ptxas -v reports 8,448 bytes; a build test checks this bound).
+PDEC_THREADS = 288  # 8 consumer warps and the producer warp
+CONSUMER_WARPS = 8
+SLOT_BYTES = 16_384  # PDEC_SLOT_BYTES: whole rows of one weight stream
+SLOT_ELEMS = SLOT_BYTES // 2
+MAX_STAGES = 12  # PDEC_MAX_STAGES: the ring barriers the kernel has
+# Slot s is reduced by warp s % 8, so a ring of 8 slots gives every warp the same share of the tiles.
+DEFAULT_STAGES = 8
+MIN_STAGES = 2  # a shallower ring leaves nothing in flight while a tile is reduced
+DEFAULT_IN_FLIGHT = 3  # copies in flight a block (docs/cuda-speed-notes.md #107)
+DEFAULT_POLL_NS = 1000  # a poll's sleep after a miss: spinning polls slowed the stores they waited for (#107)
+# The kernel's static shared memory (ptxas -v reports 8,192 bytes; a build test checks this bound).
 PDEC_STATIC_SHARED = 8_704
 MAX_SHARED_PER_BLOCK = 227 * 1024
 ONE_WARP_ROW_MAX_K = 8192  # GEMV_SPLIT_MIN_K in forward.py: longer rows take two warps, which this kernel lacks
 DECODE_KERNEL_ENV = "TOOLTRIE_DECODE_KERNEL"
 DECODE_KERNELS = ("layers", "persistent")
 STAGES_ENV = "TOOLTRIE_PERSISTENT_STAGES"
+IN_FLIGHT_ENV = "TOOLTRIE_PERSISTENT_IN_FLIGHT"
+POLL_NS_ENV = "TOOLTRIE_PERSISTENT_POLL_NS"
 
 # struct PdecLayer and struct PdecPlan of cuda/decode_persistent.cuh, field for field (a test parses the header).
 LAYER_FIELDS = (
@@ -52,13 +61,12 @@ LAYER_FIELDS = (
 PLAN_FIELDS = (
     ("layers", "ptr"),
     ("x", "ptr"),
-    ("qkv", "ptr"),
-    ("attn", "ptr"),
-    ("act", "ptr"),
+    ("words", "ptr"),
     ("partial", "ptr"),
     ("rope", "ptr"),
     ("done", "ptr"),
-    ("sync", "ptr"),
+    ("finished", "ptr"),
+    ("epoch", "ptr"),
     ("n_layers", "i32"),
     ("hidden", "i32"),
     ("q_width", "i32"),
@@ -69,6 +77,8 @@ PLAN_FIELDS = (
     ("head_dim", "i32"),
     ("max_chunks", "i32"),
     ("stages", "i32"),
+    ("in_flight", "i32"),
+    ("poll_ns", "i32"),
     ("eps", "f32"),
     ("scale", "f32"),
 )
@@ -77,13 +87,20 @@ LAYER_FORMAT = "<" + "".join(_CODES[kind] for _, kind in LAYER_FIELDS)
 PLAN_FORMAT = "<" + "".join(_CODES[kind] for _, kind in PLAN_FIELDS)
 
 
+def tagged_words(config: ModelConfig) -> int:
+    """Tagged words the kernel hands activations over in: x, q|k|v, attention's output and the SwiGLU output."""
+    c = config
+    q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    return c.hidden_size + q_width + 2 * kv_width + q_width + c.intermediate_size
+
+
 def staging_floats(config: ModelConfig, max_chunks: int) -> int:
     """Floats of the kernel's staging area: the widest GEMV input row, or the attention merge's (m, l) table."""
     c = config
     return max(c.hidden_size, c.num_heads * c.head_dim, c.intermediate_size, 2 * max_chunks)
 
 
-def persistent_stages(config: ModelConfig, max_chunks: int, cap: int = MAX_STAGES) -> int:
+def persistent_stages(config: ModelConfig, max_chunks: int, cap: int = DEFAULT_STAGES) -> int:
     """The deepest ring (at most ``cap``) that fits one block's shared memory beside the staging area; below
     MIN_STAGES the model does not fit (0)."""
     room = MAX_SHARED_PER_BLOCK - PDEC_STATIC_SHARED - 4 * staging_floats(config, max_chunks)
@@ -92,7 +109,7 @@ def persistent_stages(config: ModelConfig, max_chunks: int, cap: int = MAX_STAGE
 
 
 def persistent_shared_bytes(config: ModelConfig, max_chunks: int, stages: int) -> int:
-    """Dynamic shared memory of a block: the warps' rings, then the staging area."""
+    """Dynamic shared memory of a block: the ring, then the staging area."""
     return stages * SLOT_BYTES + 4 * staging_floats(config, max_chunks)
 
 
@@ -104,6 +121,8 @@ def unsupported_reason(config: ModelConfig, max_chunks: int) -> str | None:
     for name, k in widths.items():
         if k >= ONE_WARP_ROW_MAX_K:
             return f"{name} {k} is at least {ONE_WARP_ROW_MAX_K}: such rows are shared by two warps"
+    if 2 * c.hidden_size > SLOT_ELEMS:
+        return f"hidden_size {c.hidden_size} is over {SLOT_ELEMS // 2}: a ring slot holds a gate and an up row"
     if 256 % c.head_dim:
         return f"head_dim {c.head_dim} does not divide the attention block of 256 threads"
     if persistent_stages(config, max_chunks) == 0:
@@ -141,25 +160,34 @@ class PersistentDecode:
         stream: Stream,
     ) -> None:
         c = config
-        cap = env_int(STAGES_ENV, MAX_STAGES, MIN_STAGES, MAX_STAGES)
+        cap = env_int(STAGES_ENV, DEFAULT_STAGES, MIN_STAGES, MAX_STAGES)
         self.stages = persistent_stages(config, max_chunks, cap)
         if self.stages == 0:
             raise ValueError(unsupported_reason(config, max_chunks) or f"{STAGES_ENV}={cap} is too shallow")
+        # At or past the ring's depth the cap is off (the ring alone bounds the copies in flight).
+        self.in_flight = env_int(IN_FLIGHT_ENV, DEFAULT_IN_FLIGHT, 1, MAX_STAGES)
+        # A poll that finds a word not yet written sleeps this long before it tries again (0: it spins).
+        self.poll_ns = env_int(POLL_NS_ENV, DEFAULT_POLL_NS, 0, 100_000)
         self.shared_bytes = persistent_shared_bytes(config, max_chunks, self.stages)
-        self.grid = multiprocessor_count()  # one block per SM: all resident at once, as the barriers need
+        self.grid = multiprocessor_count()  # one block per SM: all resident at once, as the hand-overs need
         rows = []
         weight_fields = [name for name, _ in LAYER_FIELDS if name not in ("k_cache", "v_cache")]
         for lw, kc, vc in zip(weights.layers, k_caches, v_caches, strict=True):
             ptrs = [getattr(lw, name) for name in weight_fields]  # LayerWeights names its buffers as the struct does
             rows.append(struct.pack(LAYER_FORMAT, *(b.ptr if b is not None else 0 for b in ptrs), kc, vc))
         self.layers = DeviceBuffer.from_array(np.frombuffer(b"".join(rows), dtype=np.uint8), stream)
-        self.sync = DeviceBuffer(4)  # the grid barrier's counter; each launch leaves it at zero
-        self.sync.upload(np.zeros(1, dtype=np.uint32), stream)
+        # Tags start at epoch 1, so the zeroed words carry none of them; the counter of finished blocks starts at 0.
+        self.words = DeviceBuffer(8 * tagged_words(config))
+        self.words.upload(np.zeros(tagged_words(config), dtype=np.uint64), stream)
+        self.counters = DeviceBuffer.from_array(np.array([0, 1], dtype=np.uint32), stream)  # finished, epoch
         plan = struct.pack(
             PLAN_FORMAT,
             self.layers.ptr,
-            *(buffers[name] for name in ("x", "qkv", "attn", "act", "partial", "rope", "done")),
-            self.sync.ptr,
+            buffers["x"],
+            self.words.ptr,
+            *(buffers[name] for name in ("partial", "rope", "done")),
+            self.counters.ptr,
+            self.counters.ptr + 4,
             c.num_layers,
             c.hidden_size,
             c.num_heads * c.head_dim,
@@ -170,6 +198,8 @@ class PersistentDecode:
             c.head_dim,
             max_chunks,
             self.stages,
+            self.in_flight,
+            self.poll_ns,
             float(c.rms_norm_eps),
             1.0 / float(np.sqrt(c.head_dim)),
         )
@@ -192,5 +222,5 @@ class PersistentDecode:
         )
 
     def free(self) -> None:
-        for buf in (self.plan, self.layers, self.sync):
+        for buf in (self.plan, self.layers, self.words, self.counters):
             buf.free()

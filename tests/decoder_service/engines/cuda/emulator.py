@@ -88,6 +88,7 @@ class FakeDriver:
         self.cooperative_launches = 0
         self.sm_count = 132  # an H200's SMs (cuDeviceGetAttribute below)
         self.live: set[int] = set()  # device allocations not yet freed
+        self.scratch: dict[tuple[int, ...], list[int]] = {}  # emulated kernels' own working memory
         self.live_host: set[int] = set()  # mapped host allocations not yet freed
 
     # -- memory ---------------------------------------------------------------------------------------
@@ -638,11 +639,18 @@ class FakeDriver:
         size = struct.calcsize(PLAN_FORMAT)
         values = struct.unpack(PLAN_FORMAT, self.view(a.plan, np.uint8, size).tobytes())
         p = SimpleNamespace(**dict(zip((name for name, _ in PLAN_FIELDS), values, strict=True)))
-        assert grid == (self.sm_count, 1, 1) and block == (256, 1, 1), "one block of eight warps per SM"
-        assert 2 <= p.stages <= 6, f"{p.stages} ring stages; the kernel has barriers for 1 to 6"
+        assert grid == (self.sm_count, 1, 1) and block == (288, 1, 1), "one block per SM: 8 consumer warps, a producer"
+        assert 2 <= p.stages <= 12, f"{p.stages} ring stages; the kernel has barriers for 1 to 12"
+        assert 1 <= p.in_flight <= 12, "the producer's cap"
+        assert 2 * p.hidden <= 8192, "a ring slot of 16 KB holds a gate and an up row"
         staging = max(p.hidden, p.q_width, p.intermediate, 2 * p.max_chunks)
-        assert shared >= p.stages * 32768 + 4 * staging, "the rings and the staging area need more shared memory"
-        assert self.view(p.sync, np.uint32, 1)[0] == 0, "the grid barrier's counter must start at zero"
+        assert shared >= p.stages * 16384 + 4 * staging, "the ring and the staging area need more shared memory"
+        finished, epoch = self.view(p.finished, np.uint32, 1), self.view(p.epoch, np.uint32, 1)
+        assert finished[0] == 0 and epoch[0] >= 1, "the count of finished blocks starts at zero, the epoch at one"
+        words = p.hidden + 2 * p.q_width + 2 * p.kv_width + p.intermediate
+        assert not self.view(p.words, np.uint64, words).any() or epoch[0] > 1, "the tagged words start at zero"
+        # The kernel hands activations over as tagged words; emulated, they are fp32 scratch rows of its own.
+        p.qkv, p.attn, p.act = self._scratch(p.q_width + 2 * p.kv_width, p.q_width, p.intermediate)
         assert abs(p.scale - p.head_dim**-0.5) < 1e-6
         pos, d = self._pos(a), p.hidden
         layer_size = struct.calcsize(LAYER_FORMAT)
@@ -663,6 +671,15 @@ class FakeDriver:
             self.view(p.act, np.float32, p.intermediate)[:] = ref.swiglu(ref.linear(xn, w, None, None)).ravel()
             act = self.view(p.act, np.float32, p.intermediate).reshape(1, -1)
             self._gemv_rows(lw.down, d, p.intermediate, act, 0, p.x, p.x)
+        epoch[0] += 1  # as the kernel's last block leaves it
+
+    def _scratch(self, *floats: int) -> list[int]:
+        """Device addresses of fp32 rows of the given lengths, kept from call to call (an emulated kernel's own
+        working memory, never freed by the host)."""
+        key = tuple(floats)
+        if key not in self.scratch:
+            self.scratch[key] = [self._allocate(4 * n) for n in floats]
+        return self.scratch[key]
 
     def _gemv_rows(self, W: int, N: int, K: int, x: np.ndarray, bias: int, residual: int, y: int) -> None:
         """y = x @ W.T (+ bias) (+ residual) for one token, stored as fp32 (residual may alias y)."""

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from decoder_service.engines.cuda.persistent import (
+    DEFAULT_STAGES,
     LAYER_FIELDS,
     LAYER_FORMAT,
     MAX_SHARED_PER_BLOCK,
+    MAX_STAGES,
     PDEC_STATIC_SHARED,
     PLAN_FIELDS,
     PLAN_FORMAT,
@@ -64,18 +66,21 @@ def test_the_split_threshold_is_the_gemvs() -> None:
 
 
 @pytest.mark.parametrize(
-    ("config", "max_chunks", "stages"),
+    ("config", "max_chunks", "deepest"),
     [
-        (QWEN3_1_7B, 32, 6),  # 6 x 32 KB of rings beside a 6,144-wide input row
-        (QWEN3_1_7B, 4096, 5),  # a long context's merge table outgrows the input row
-        (ModelConfig("qwen3", 1000, 2048, 7680, 1, 16, 8, 128, 1e-6, 1e6, 512, True), 32, 5),
-        (SHAPES["smollm2-shape"], 256, 6),
+        (QWEN3_1_7B, 32, 12),  # 12 x 16 KB of ring beside a 6,144-wide input row
+        (QWEN3_1_7B, 4096, 11),  # a long context's merge table outgrows the input row
+        (ModelConfig("qwen3", 1000, 2048, 7680, 1, 16, 8, 128, 1e-6, 1e6, 512, True), 32, 11),
+        (SHAPES["smollm2-shape"], 256, 12),
     ],
 )
-def test_rings_take_the_shared_memory_the_staging_area_leaves(config: ModelConfig, max_chunks: int, stages: int):
-    assert persistent_stages(config, max_chunks) == stages
-    assert persistent_shared_bytes(config, max_chunks, stages) + PDEC_STATIC_SHARED <= MAX_SHARED_PER_BLOCK
-    assert persistent_shared_bytes(config, max_chunks, stages) + SLOT_BYTES + PDEC_STATIC_SHARED > MAX_SHARED_PER_BLOCK
+def test_ring_takes_the_shared_memory_the_staging_area_leaves(config: ModelConfig, max_chunks: int, deepest: int):
+    assert persistent_stages(config, max_chunks, cap=MAX_STAGES) == deepest
+    assert persistent_shared_bytes(config, max_chunks, deepest) + PDEC_STATIC_SHARED <= MAX_SHARED_PER_BLOCK
+    if deepest < MAX_STAGES:
+        over = persistent_shared_bytes(config, max_chunks, deepest) + SLOT_BYTES + PDEC_STATIC_SHARED
+        assert over > MAX_SHARED_PER_BLOCK
+    assert persistent_stages(config, max_chunks) == DEFAULT_STAGES  # every warp takes the same share of the tiles
     assert persistent_stages(config, max_chunks, cap=3) == 3
 
 
@@ -85,6 +90,7 @@ def test_rings_take_the_shared_memory_the_staging_area_leaves(config: ModelConfi
         (ModelConfig("qwen3", 1000, 4096, 12288, 1, 32, 8, 128, 1e-6, 1e6, 512, True), "intermediate_size 12288"),
         (ModelConfig("qwen3", 1000, 8192, 4096, 1, 32, 8, 128, 1e-6, 1e6, 512, True), "hidden_size 8192"),
         (ModelConfig("llama", 1000, 960, 2560, 1, 10, 5, 96, 1e-5, 1e4, 512, True), "head_dim 96"),
+        (ModelConfig("qwen3", 1000, 5120, 4096, 1, 40, 8, 128, 1e-6, 1e6, 512, True), "hidden_size 5120 is over 4096"),
     ],
 )
 def test_models_the_kernel_cannot_run_are_refused_with_the_reason(config: ModelConfig, reason: str) -> None:
@@ -128,12 +134,22 @@ def test_persistent_step_is_one_cooperative_launch_with_the_plan(fake_driver: Fa
     launches = [launch.kernel.name for launch in model.decode_launches]
     assert launches == ["embed_gather", "decode_persistent", "rmsnorm", "gemv_stream_bf16", "argmax"]
     step = model.decode_launches[1]
-    assert step.grid == (132, 1, 1) and step.block == (256, 1, 1) and step.cooperative
+    assert step.grid == (132, 1, 1) and step.block == (288, 1, 1) and step.cooperative
     assert step.shared_bytes == persistent_shared_bytes(model.config, model.max_chunks, model.persistent.stages)
     plan = fake_driver.view(step.arg(0), np.uint8, struct.calcsize(PLAN_FORMAT)).tobytes()
     fields = dict(zip((name for name, _ in PLAN_FIELDS), struct.unpack(PLAN_FORMAT, plan), strict=True))
-    assert fields["x"] == model.x.ptr and fields["attn"] == model.attn.ptr and fields["done"] == model.attn_done.ptr
+    assert fields["x"] == model.x.ptr and fields["done"] == model.attn_done.ptr
+    assert fields["words"] == model.persistent.words.ptr
     assert fields["n_layers"] == model.config.num_layers and fields["stages"] == model.persistent.stages
+    assert (fields["in_flight"], fields["poll_ns"]) == (3, 1000)
+    # the count of finished blocks, then the epoch (tags start at epoch 1)
+    assert fields["epoch"] == fields["finished"] + 4
+    assert list(fake_driver.view(fields["finished"], np.uint32, 2)) == [0, 1]
+    # x, q|k|v, attention's output and the SwiGLU output, one 8-byte word a value, none carrying a tag yet
+    c = model.config
+    values = c.hidden_size + 2 * c.num_heads * c.head_dim + 2 * c.num_kv_heads * c.head_dim + c.intermediate_size
+    assert model.persistent.words.nbytes == 8 * values
+    assert not fake_driver.view(fields["words"], np.uint64, values).any()
     model.free()
 
 
@@ -153,3 +169,18 @@ def test_persistent_and_layered_steps_agree_in_emulation(fake_driver: FakeDriver
     (la, ca), (lp, cp) = outputs["layers"], outputs["persistent"]
     assert all(np.array_equal(a, b) for a, b in zip(la, lp, strict=True))
     assert all(np.array_equal(a, b) for a, b in zip(ca, cp, strict=True))
+
+
+def test_producer_cap_and_poll_sleep_come_from_the_environment(
+    fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOOLTRIE_PERSISTENT_IN_FLIGHT", "2")
+    monkeypatch.setenv("TOOLTRIE_PERSISTENT_POLL_NS", "0")
+    model = _tiny("persistent")
+    plan = fake_driver.view(model.decode_launches[1].arg(0), np.uint8, struct.calcsize(PLAN_FORMAT)).tobytes()
+    fields = dict(zip((name for name, _ in PLAN_FIELDS), struct.unpack(PLAN_FORMAT, plan), strict=True))
+    assert (fields["in_flight"], fields["poll_ns"]) == (2, 0)
+    model.free()
+    monkeypatch.setenv("TOOLTRIE_PERSISTENT_IN_FLIGHT", "13")
+    with pytest.raises(ValueError, match="TOOLTRIE_PERSISTENT_IN_FLIGHT=13 is out of range: 1 to 12"):
+        _tiny("persistent")
