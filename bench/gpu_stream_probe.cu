@@ -119,22 +119,6 @@ __device__ __forceinline__ int first_tile(int rotation) {
     return ((int)blockIdx.x - rotation % (int)gridDim.x + (int)gridDim.x) % (int)gridDim.x;
 }
 
-// Where the block's running tile count i stands in the ring, kept by increments: every warp walks every tile of
-// the block, and the two integer divisions of i % stages and (i % stages) % consumers per tile made half of the
-// consumers' instructions.
-struct RingCursor {
-    int slot = 0;   // i % stages
-    int use = 0;    // i / stages: how often the slot was filled before
-    int owner = 0;  // slot % consumers: the warp that reduces the tile
-    __device__ __forceinline__ void advance(int stages, int consumers) {
-        if (++slot == stages) {
-            slot = 0, owner = 0, ++use;
-        } else if (++owner == consumers) {
-            owner = 0;
-        }
-    }
-};
-
 // acc plus the 8 bf16 weights of u times xa's then xb's values, in order. The weights are unpacked with a shift and a
 // mask (common.cuh's bf16x2_to_float, as the engine's GEMVs do), or WITH_CVT by the conversion instructions that
 // __bfloat1622float2 compiles to.

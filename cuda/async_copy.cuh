@@ -60,3 +60,18 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
         : "memory");
 }
 
+// Where a block's running tile count i stands in a ring of `stages` slots served by `consumers` warps (slot s by
+// warp s % consumers), kept by increments: the two integer divisions a tile would take made half of a consumer's
+// instructions (docs/cuda-speed-notes.md #94).
+struct RingCursor {
+    int slot = 0;   // i % stages
+    int use = 0;    // i / stages: how often the slot was filled before
+    int owner = 0;  // slot % consumers: the warp that reduces the tile
+    __device__ __forceinline__ void advance(int stages, int consumers) {
+        if (++slot == stages) {
+            slot = 0, owner = 0, ++use;
+        } else if (++owner == consumers) {
+            owner = 0;
+        }
+    }
+};

@@ -155,21 +155,6 @@ __device__ __forceinline__ int pdec_first_tile(int rotation) {
     return ((int)blockIdx.x - rotation % (int)gridDim.x + (int)gridDim.x) % (int)gridDim.x;
 }
 
-// Where the block's running tile count i stands in the ring, kept by increments (two integer divisions a tile made
-// half of the probe's consumer instructions, #94).
-struct PdecRingCursor {
-    int slot = 0;   // i % stages
-    int use = 0;    // i / stages: how often the slot was filled before
-    int owner = 0;  // slot % consumers: the warp that reduces the tile
-    __device__ __forceinline__ void advance(int stages, int consumers) {
-        if (++slot == stages) {
-            slot = 0, owner = 0, ++use;
-        } else if (++owner == consumers) {
-            owner = 0;
-        }
-    }
-};
-
 // The block's ring: `stages` slots, each with a barrier that counts its copy's bytes (full) and one that its warp's
 // release completes (empty).
 struct PdecRing {
@@ -184,7 +169,7 @@ struct PdecRing {
 __device__ __forceinline__ void pdec_produce(const PdecPlan& P, const PdecRing& r) {
     const uint64_t policy = l2_evict_first_policy();  // weights are read once per step
     const bool capped = P.in_flight < r.stages;
-    PdecRingCursor at, lag;  // lag: the tile in_flight before the next one
+    RingCursor at, lag;  // lag: the tile in_flight before the next one
     int rotation = 0, issued = 0;
     for (int layer = 0; layer < P.n_layers; ++layer) {
         for (int op = 0; op < PDEC_OPS; ++op) {
@@ -330,7 +315,7 @@ __device__ __forceinline__ void pdec_write_row(const PdecOp& o, int j, float gat
 template <bool SWIGLU>
 __device__ __forceinline__ void pdec_gemv(const PdecPlan& P, int layer, int op, const PdecIn& x, const bf16_t* norm_w,
                                           int x_mode, const bf16_t* bias, const PdecIn& residual, const PdecOut& y,
-                                          const PdecRing& r, PdecRingCursor& at, int& rotation, float4* xs4,
+                                          const PdecRing& r, RingCursor& at, int& rotation, float4* xs4,
                                           float* scratch, int mark) {
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
     TT_MARK(mark);
@@ -491,7 +476,7 @@ decode_persistent(const PdecPlan* __restrict__ plan, const int* pos_ptr, int pos
     auto x_in = [&](int layer) {
         return layer == 0 ? PdecIn{P.x, nullptr, 0} : PdecIn{nullptr, x_words(), tag(layer - 1, PDEC_TAG_X_DOWN)};
     };
-    PdecRingCursor at;
+    RingCursor at;
     int rotation = 0;
     for (int layer = 0; layer < P.n_layers; ++layer) {
         // Every block is resident (a cooperative launch), so the next kernel's blocks may take the room that is left
