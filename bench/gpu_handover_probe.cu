@@ -20,8 +20,9 @@
 //                  acquire: a GEMV's hand-over in miniature;
 //   data_dsmem     block 0 and its cluster's block 1: the 2 KB written into the partner's shared memory, the flag
 //                  stored there with a cluster-scope release and polled in its own shared memory;
-//   grid_barrier   every block: the decode kernels' grid barrier (grid_sync.cuh: a release add on one counter,
-//                  relaxed polls, an acquire fence), then one ld.cg of a value another block wrote before it;
+//   grid_barrier   every block: the grid barrier of the persistent decode kernel's forms before speed note #108 (a
+//                  release add on one counter, relaxed polls, an acquire fence), then one ld.cg of a value another
+//                  block wrote before it;
 //   two_level      every block: the count first inside the cluster (a cluster-scope release add on rank 0's shared
 //                  memory), rank 0 alone on the global counter, then rank 0 releases its cluster's blocks through
 //                  their shared memory; then the same dependent read. Checked as grid_barrier is.
