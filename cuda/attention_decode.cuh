@@ -113,10 +113,9 @@ struct AttnDims {
 template <int TEAM, class LoadQkv>
 __device__ __forceinline__ void attn_prepare_head_from(const float* qkv, LoadQkv load_qkv, bool q_has_norm,
                                                        bool k_has_norm, float q_norm_d, float k_norm_d, float* k_cache,
-                                                       float* v_cache,
-                                                       const float* __restrict__ rope, int h, int pos, bool scores_pos,
-                                                       int prefetch_row0, int prefetch_rows, const AttnDims& d,
-                                                       AttnShared& sh, int mark) {
+                                                       float* v_cache, const float* __restrict__ rope, int h, int pos,
+                                                       bool scores_pos, int prefetch_row0, int prefetch_rows,
+                                                       const AttnDims& d, AttnShared& sh, int mark) {
     const int head_dim = d.head_dim, group_size = d.n_heads / d.n_kv_heads, kvh = h / group_size;
     const bool active = threadIdx.x < head_dim;
     const int q_width = d.n_heads * head_dim, kv_stride = d.n_kv_heads * head_dim;

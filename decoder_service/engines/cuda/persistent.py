@@ -6,8 +6,9 @@ as tagged words, and a block starts a phase once its input is complete. One prod
 block's weight tiles for the whole step into a block-wide ring of 16 KB slots, holding at most ``in_flight`` copies in
 flight, so the weights of the next phase arrive while the block's 8 consumer warps wait for an input or work on
 attention. Its results are the layered launch list's bits (the same row sums, the same attention chunks and merge);
-the GPU tests compare the two step for step. It is opt-in (``TOOLTRIE_DECODE_KERNEL=persistent``): on an H200 its
-earlier forms, with grid barriers, were slower than the layered list (docs/cuda-speed-notes.md #58-#62, #105, #107).
+the GPU tests compare the two step for step. It is opt-in (``TOOLTRIE_DECODE_KERNEL=persistent``): on an H200 it
+measured slower than the layered list (docs/cuda-speed-notes.md #108), as did its earlier forms with grid barriers
+(#58-#62, #105, #107).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from decoder_service.engines.env import env_int
 from decoder_service.models.config import ModelConfig
 
 PDEC_THREADS = 288  # 8 consumer warps and the producer warp
-CONSUMER_WARPS = 8
 SLOT_BYTES = 16_384  # PDEC_SLOT_BYTES: whole rows of one weight stream
 SLOT_ELEMS = SLOT_BYTES // 2
 MAX_STAGES = 12  # PDEC_MAX_STAGES: the ring barriers the kernel has
@@ -134,7 +134,7 @@ def decode_kernel_choice(config: ModelConfig, max_chunks: int, requested: str | 
     """'persistent' or 'layers' for this model: ``requested``, else $TOOLTRIE_DECODE_KERNEL, else 'layers'.
 
     The layered launch list is the default: on an H200 the persistent kernel measured slower
-    (docs/cuda-speed-notes.md #58-#62). Asking for the persistent kernel where it cannot run is an error.
+    (docs/cuda-speed-notes.md #58-#62, #108). Asking for the persistent kernel where it cannot run is an error.
     """
     choice = requested if requested is not None else os.environ.get(DECODE_KERNEL_ENV) or "layers"
     if choice not in DECODE_KERNELS:
