@@ -431,8 +431,9 @@ class CudaModel:
         self._prefill_lists: OrderedDict[tuple[int, int], list[Launch]] = OrderedDict()
 
     def persistent_decode(self) -> PersistentDecode:
-        """A persistent decode step over this model's weights, activations and KV cache (its ring depth from
-        $TOOLTRIE_PERSISTENT_STAGES as it is now); the caller frees it."""
+        """A persistent decode step over this model's weights, activations and KV cache (its ring depth, copies in
+        flight and poll sleep from $TOOLTRIE_PERSISTENT_STAGES, _IN_FLIGHT and _POLL_NS as they are now); the caller
+        frees it."""
         buffers = {
             "x": self.x.ptr,
             "partial": self.attn_partial.ptr,
