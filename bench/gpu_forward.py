@@ -385,7 +385,8 @@ def handover_probe_lines(probe: dict[str, object]) -> list[str]:
         "L2 round trip (a pointer chase through 512 L2-resident lines); flag, a counter passed between two blocks with "
         "a gpu-scope release store and acquire polls (near: in one cluster; far: half the grid apart), relaxed: "
         "without the fences; data, 2 KB written before the release and read back after the acquire; dsmem, the same "
-        "2 KB through the partner's shared memory in a cluster of 2; grid barrier: the decode kernels' (one counter), "
+        "2 KB through the partner's shared memory in a cluster of 2; grid barrier: the persistent decode kernel's "
+        "before its tagged form (one counter), "
         "then one dependent L2 load; two-level: counted in the cluster first (clusters of 2 or 8). Every value read "
         f"back as written: {'yes' if probe.get('all_values_as_expected') else 'no'}. The stream's rate with 1 to 12 "
         "copies an SM on the other SMs: " + ", ".join(f"{k}: {v:.2f} TB/s" for k, v in sorted(rates.items())) + ".",
