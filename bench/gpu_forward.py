@@ -642,7 +642,7 @@ def main() -> int:
         "--sweeps",
         default="breakdown,grid,prefix,alone,sync,stream,handover,prefill,chain",
         help="comma-separated studies: breakdown, grid, prefix, alone, sync, stream, handover, prefill, chain "
-        "(default: all), fp8layout (with --weights fp8), persistent (the persistent decode kernel's ring and cap)",
+        "(default: all), fp8layout (with --weights fp8), persistent (the persistent kernel's ring, cap and poll sleep)",
     )
     parser.add_argument(
         "--weights",

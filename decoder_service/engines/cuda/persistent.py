@@ -177,8 +177,7 @@ class PersistentDecode:
             rows.append(struct.pack(LAYER_FORMAT, *(b.ptr if b is not None else 0 for b in ptrs), kc, vc))
         self.layers = DeviceBuffer.from_array(np.frombuffer(b"".join(rows), dtype=np.uint8), stream)
         # Tags start at epoch 1, so the zeroed words carry none of them; the counter of finished blocks starts at 0.
-        self.words = DeviceBuffer(8 * tagged_words(config))
-        self.words.upload(np.zeros(tagged_words(config), dtype=np.uint64), stream)
+        self.words = DeviceBuffer.from_array(np.zeros(tagged_words(config), dtype=np.uint64), stream)
         self.counters = DeviceBuffer.from_array(np.array([0, 1], dtype=np.uint32), stream)  # finished, epoch
         plan = struct.pack(
             PLAN_FORMAT,
