@@ -18,7 +18,7 @@ Rows per catalog:
   (dynamic cache) and static cache + torch.compile. Per-token = (generate(T new tokens) - generate(1 new token))
   / (T - 1), T = the tokens our engine generated for that intent, medians of a few repeats.
 - floor: bytes one step reads (bf16 weights; the dense head's matrix only where the head is dense; the KV cache
-  at the answer's mean position, fp32 in our engine, bf16 in transformers) over the device-to-device copy
+  at the answer's mean position, bf16 in both) over the device-to-device copy
   bandwidth measured in the same run.
 
     PYTHONPATH=. python3 bench/gpu_side_by_side.py --out results/bench_gpu_side_by_side.json
@@ -53,6 +53,7 @@ from bench.gpu_forward import QWEN3_1_7B, copy_bandwidth, graph_ms, synthetic_we
 from decoder_service.engines.base import PointerEvent, SummaryEvent  # noqa: E402
 from decoder_service.engines.catalog import PreparedCatalog, Tool, read_catalog_file  # noqa: E402
 from decoder_service.engines.cuda.driver import cuda_available  # noqa: E402
+from decoder_service.engines.cuda.forward import KV_ENTRY_BYTES  # noqa: E402
 from decoder_service.engines.cuda.weights import weight_bytes  # noqa: E402
 from decoder_service.engines.prompt import prepare_catalog, request_suffix_ids  # noqa: E402
 from decoder_service.models.config import ModelConfig  # noqa: E402
@@ -308,15 +309,14 @@ def floor(cfg: ModelConfig, bandwidth: float, positions: int) -> dict[str, float
     """Bytes one decode step must read, over the copy bandwidth."""
     dense = weight_bytes(cfg)  # every matrix and norm; the tied embedding once, as the head
     head = cfg.vocab_size * cfg.hidden_size * 2
-    kv_fp32 = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 4 * positions
+    kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * KV_ENTRY_BYTES * positions
     return {
         "context_positions": positions,
         "weight_bytes_dense_head": dense,
         "weight_bytes_sparse_head": dense - head,
-        "kv_bytes_fp32": kv_fp32,
-        "floor_ms_sparse": (dense - head + kv_fp32) / bandwidth * 1e3,
-        "floor_ms_dense": (dense + kv_fp32) / bandwidth * 1e3,
-        "floor_ms_dense_bf16_kv": (dense + kv_fp32 // 2) / bandwidth * 1e3,
+        "kv_bytes": kv,
+        "floor_ms_sparse": (dense - head + kv) / bandwidth * 1e3,
+        "floor_ms_dense": (dense + kv) / bandwidth * 1e3,
     }
 
 
@@ -739,17 +739,10 @@ def catalog_rows(result: dict[str, Any], name: str) -> list[tuple[str, str, str]
             label = "transformers eager + mask"
             if mode == "static":
                 label = f"transformers static cache{' + torch.compile' if m['compiled'] else ' (not compiled)'} + mask"
-            rows.append((label, _ms(row["ms_per_token"]), _pct(fl.get("floor_ms_dense_bf16_kv"), row["ms_per_token"])))
+            rows.append((label, _ms(row["ms_per_token"]), _pct(fl.get("floor_ms_dense"), row["ms_per_token"])))
     if fl:
-        rows.append(("floor: bf16 weights without the head matrix + fp32 KV", _ms(fl["floor_ms_sparse"]), "-"))
-        rows.append(("floor: bf16 weights with the head matrix + fp32 KV", _ms(fl["floor_ms_dense"]), "-"))
-        rows.append(
-            (
-                "floor: bf16 weights with the head matrix + bf16 KV (transformers)",
-                _ms(fl["floor_ms_dense_bf16_kv"]),
-                "-",
-            )
-        )
+        rows.append(("floor: bf16 weights without the head matrix + bf16 KV", _ms(fl["floor_ms_sparse"]), "-"))
+        rows.append(("floor: bf16 weights with the head matrix + bf16 KV", _ms(fl["floor_ms_dense"]), "-"))
     return rows
 
 

@@ -1,6 +1,6 @@
 // Causal attention over the KV cache, decode and prefill alike: grid (n_heads, n_tokens), token t sits at
 // absolute position pos0 + t and attends to cache positions 0..pos0+t (its own k/v already written).
-// fp32 throughout; deterministic by construction:
+// fp32 arithmetic over the bf16 cache's values (kv_cache.cuh); deterministic by construction:
 //   scores  one thread per position, dot product over head_dim in ascending order (float4 loads, many
 //           positions in flight at once);
 //   softmax fixed-tree block reductions for the max and the sum;
@@ -9,12 +9,13 @@
 // Dynamic shared memory: the scores, max_ctx floats.
 #pragma once
 #include "common.cuh"
+#include "kv_cache.cuh"
 
 #define ATTN_THREADS 256
 #define ATTN_TILE_FLOATS 8192  // 32 KiB of V per tile: 64 positions at head_dim 128, 128 at 64
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS)
-attention(const float* __restrict__ qkv, const float* __restrict__ k_cache, const float* __restrict__ v_cache,
+attention(const float* __restrict__ qkv, const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
           float* __restrict__ out, const int* pos_ptr, int pos_host, int n_heads, int n_kv_heads, int head_dim,
           float scale) {
     pdl_enter();
@@ -33,11 +34,11 @@ attention(const float* __restrict__ qkv, const float* __restrict__ k_cache, cons
 
     const float4* q4 = reinterpret_cast<const float4*>(q);
     for (int j = threadIdx.x; j < length; j += blockDim.x) {
-        const float4* k4 = reinterpret_cast<const float4*>(k_cache + (size_t)j * kv_stride + kvh * head_dim);
+        const kv_t* krow = k_cache + (size_t)j * kv_stride + kvh * head_dim;
         float s = 0.0f;
 #pragma unroll 8
         for (int i = 0; i < hd4; ++i) {
-            const float4 k = k4[i], qq = q4[i];
+            const float4 k = kv_load4(krow, i), qq = q4[i];
             s = fmaf(qq.x, k.x, s);
             s = fmaf(qq.y, k.y, s);
             s = fmaf(qq.z, k.z, s);
@@ -65,7 +66,7 @@ attention(const float* __restrict__ qkv, const float* __restrict__ k_cache, cons
         const int rows = min(tile_rows, length - j0);
         for (int e = threadIdx.x; e < rows * hd4; e += blockDim.x) {
             const int r = e / hd4, c = e % hd4;
-            vt4[e] = reinterpret_cast<const float4*>(v_cache + (size_t)(j0 + r) * kv_stride + kvh * head_dim)[c];
+            vt4[e] = kv_load4(v_cache + (size_t)(j0 + r) * kv_stride + kvh * head_dim, c);
         }
         __syncthreads();
         if (d < head_dim) {

@@ -22,10 +22,11 @@
 // attention_decode_hd128 and attention_decode_cluster_hd128 are the same bodies compiled for head_dim 128.
 // The new token's k and v (row pos) are computed by every block whose chunk holds pos, together with its q by
 // head_norm_rope_pair (each value bit-identical to the prefill kernel's head_norm_rope_values), and used from shared
-// memory; the first q head of each kv group writes them to the caches. The position comes from device memory
+// memory as the bf16 cache holds them (kv_cache.cuh); the first q head of each kv group writes them to the caches. The position comes from device memory
 // (graph replays) or from the host (pos_ptr null).
 #pragma once
 #include "common.cuh"
+#include "kv_cache.cuh"
 #include "rope.cuh"
 
 // 32 positions a chunk: what a block loads (K and V of its chunk) sets its chain, so chunks are kept small (with
@@ -48,19 +49,19 @@ static_assert(ATTN_CLUSTER * ATTN_RECORD_FLOATS <= 2 * ATTN_MERGE_MAX_CHUNKS, "t
 
 // Loads the V values thread (g, d) sums next: column d of rows t0 + g + k * groups (k < ATTN_V_COL) of the chunk at
 // j0, where groups = ATTN_SPLIT_THREADS / head_dim threads share a column. A warp reads 32 consecutive columns of
-// one row per load (128 contiguous bytes); every load is issued before any is used. Rows past the chunk load its
+// one row per load (64 contiguous bytes); every load is issued before any is used. Rows past the chunk load its
 // first row (never used), which keeps every load unconditional; row `pos` (the new token, computed by this block)
 // comes from vnew.
 // PLAIN: the caller knows every row it loads lies inside the chunk, before row pos (no clamp, no new row).
 template <bool PLAIN = false>
-__device__ __forceinline__ void attn_load_v_col(float (&v)[ATTN_V_COL], const float* __restrict__ v_cache,
+__device__ __forceinline__ void attn_load_v_col(float (&v)[ATTN_V_COL], const kv_t* __restrict__ v_cache,
                                                 const float* vnew, int pos, int j0, int t0, int rows, int g, int d,
                                                 int groups, int kv_stride, int kvh, int head_dim) {
-    const float* base = v_cache + (size_t)j0 * kv_stride + kvh * head_dim + d;
+    const kv_t* base = v_cache + (size_t)j0 * kv_stride + kvh * head_dim + d;
 #pragma unroll
     for (int k = 0; k < ATTN_V_COL; ++k) {
         const int r = t0 + g + k * groups;
-        v[k] = base[(size_t)(PLAIN || r < rows ? r : 0) * kv_stride];
+        v[k] = kv_load(base + (size_t)(PLAIN || r < rows ? r : 0) * kv_stride);
     }
     if constexpr (!PLAIN) {
 #pragma unroll
@@ -72,12 +73,13 @@ __device__ __forceinline__ void attn_load_v_col(float (&v)[ATTN_V_COL], const fl
 // Requests K and V rows j0 .. j0 + rows - 1 of kv head kvh into L2: thread t takes 128-byte line t % lines of rows
 // t / lines, t / lines + blockDim.x / lines, ...
 template <int TEAM = 0>
-__device__ __forceinline__ void attn_prefetch_rows_l2(const float* k_cache, const float* v_cache, int j0, int rows,
+__device__ __forceinline__ void attn_prefetch_rows_l2(const kv_t* k_cache, const kv_t* v_cache, int j0, int rows,
                                                       int kv_stride, int kvh, int head_dim) {
-    const int lines = max(1, head_dim / 32);  // 128-byte lines per row of one kv head
+    constexpr int line_entries = 128 / sizeof(kv_t);
+    const int lines = max(1, head_dim / line_entries);  // 128-byte lines per row of one kv head
     const int line = threadIdx.x % lines;
     for (int r = threadIdx.x / lines; r < rows; r += team_size<TEAM>() / lines) {
-        const size_t at = (size_t)(j0 + r) * kv_stride + kvh * head_dim + line * 32;
+        const size_t at = (size_t)(j0 + r) * kv_stride + kvh * head_dim + line * line_entries;
         asm volatile("prefetch.global.L2 [%0];" ::"l"(k_cache + at));
         asm volatile("prefetch.global.L2 [%0];" ::"l"(v_cache + at));
     }
@@ -112,8 +114,8 @@ struct AttnDims {
 // polls tagged words there.
 template <int TEAM, class LoadQkv>
 __device__ __forceinline__ void attn_prepare_head_from(const float* qkv, LoadQkv load_qkv, bool q_has_norm,
-                                                       bool k_has_norm, float q_norm_d, float k_norm_d, float* k_cache,
-                                                       float* v_cache, const float* __restrict__ rope, int h, int pos,
+                                                       bool k_has_norm, float q_norm_d, float k_norm_d, kv_t* k_cache,
+                                                       kv_t* v_cache, const float* __restrict__ rope, int h, int pos,
                                                        bool scores_pos, int prefetch_row0, int prefetch_rows,
                                                        const AttnDims& d, AttnShared& sh, int mark) {
     const int head_dim = d.head_dim, group_size = d.n_heads / d.n_kv_heads, kvh = h / group_size;
@@ -138,15 +140,15 @@ __device__ __forceinline__ void attn_prepare_head_from(const float* qkv, LoadQkv
     } else {  // q and k together: one reduction and one rotation phase instead of two of each
         const float2 qk = head_norm_rope_pair<TEAM>(q_raw, k_raw, q_has_norm, k_has_norm, q_norm_d, k_norm_d, cs,
                                                     head_dim, d.eps, sh.rope_scratch, sh.scratch);
-        const float kd = qk.y;
         if (active) {
+            const kv_t kd = kv_from_float(qk.y), vd = kv_from_float(v_raw);
             sh.q[threadIdx.x] = qk.x;
-            sh.knew[threadIdx.x] = kd;
-            sh.vnew[threadIdx.x] = v_raw;
+            sh.knew[threadIdx.x] = bf16_to_float(kd);  // as the cache holds them
+            sh.vnew[threadIdx.x] = bf16_to_float(vd);
             if (h % group_size == 0) {  // one writer per kv head
                 const size_t c = (size_t)pos * kv_stride + kvh * head_dim + threadIdx.x;
                 k_cache[c] = kd;
-                v_cache[c] = v_raw;
+                v_cache[c] = vd;
             }
         }
     }
@@ -157,7 +159,7 @@ __device__ __forceinline__ void attn_prepare_head_from(const float* qkv, LoadQkv
 
 template <bool CG, int TEAM = 0>
 __device__ __forceinline__ void attn_prepare_head(const float* qkv, bool q_has_norm, bool k_has_norm, float q_norm_d,
-                                                  float k_norm_d, float* k_cache, float* v_cache,
+                                                  float k_norm_d, kv_t* k_cache, kv_t* v_cache,
                                                   const float* __restrict__ rope, int h, int pos, bool scores_pos,
                                                   int prefetch_row0, int prefetch_rows, const AttnDims& d,
                                                   AttnShared& sh, int mark) {
@@ -179,7 +181,7 @@ struct AttnRecords {
 // record (m, l, acc[head_dim]) of (h, c) at to.at(h, c). Ends with a barrier (sh is free for the next chunk).
 // (attn_chunk_records_hd_form is the same arithmetic for a compile-time head_dim.)
 template <int TEAM = 0>
-__device__ __forceinline__ void attn_chunk_record(const float* __restrict__ k_cache, const float* __restrict__ v_cache,
+__device__ __forceinline__ void attn_chunk_record(const kv_t* __restrict__ k_cache, const kv_t* __restrict__ v_cache,
                                                   const AttnRecords& to, int h, int c, int pos, const AttnDims& d,
                                                   AttnShared& sh, int mark) {
     const int head_dim = d.head_dim, kvh = h / (d.n_heads / d.n_kv_heads);
@@ -201,13 +203,13 @@ __device__ __forceinline__ void attn_chunk_record(const float* __restrict__ k_ca
     float s[ATTN_ROWS_PER_WARP];
 #pragma unroll
     for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u) s[u] = 0.0f;
-    const float4* kbase = reinterpret_cast<const float4*>(k_cache + (size_t)j0 * kv_stride + kvh * head_dim);
+    const kv_t* kbase = k_cache + (size_t)j0 * kv_stride + kvh * head_dim;
     for (int i = lane; i < hd4; i += TT_WARP) {
         float4 k[ATTN_ROWS_PER_WARP];
 #pragma unroll
         for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u) {
             const int r = warp + u * ATTN_SPLIT_WARPS;
-            k[u] = kbase[(size_t)(r < rows ? r : 0) * (kv_stride / 4) + i];
+            k[u] = kv_load4(kbase + (size_t)(r < rows ? r : 0) * kv_stride, i);
         }
 #pragma unroll
         for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u)
@@ -320,8 +322,8 @@ struct AttnHeadsScratch {
 // one round of V loads covers the chunk, each warp lays its weights out by thread group so that a thread reads its
 // rows' weights as float4s (docs/cuda-speed-notes.md #91). Ends with a barrier.
 template <int HD, bool PLAIN>
-__device__ __forceinline__ void attn_chunk_records_hd_form(const float* __restrict__ k_cache,
-                                                           const float* __restrict__ v_cache, const AttnRecords& to,
+__device__ __forceinline__ void attn_chunk_records_hd_form(const kv_t* __restrict__ k_cache,
+                                                           const kv_t* __restrict__ v_cache, const AttnRecords& to,
                                                            int h0, int c, int pos, const AttnDims& d,
                                                            const AttnHeadsScratch& sh, int mark) {
     constexpr int hd4 = HD / 4, groups = ATTN_SPLIT_THREADS / HD, col_rows = ATTN_V_COL * groups;
@@ -340,14 +342,14 @@ __device__ __forceinline__ void attn_chunk_records_hd_form(const float* __restri
     float s[RW];
 #pragma unroll
     for (int u = 0; u < RW; ++u) s[u] = 0.0f;
-    const float4* kbase = reinterpret_cast<const float4*>(k_cache + (size_t)j0 * kv_stride + kvh * HD);
+    const kv_t* kbase = k_cache + (size_t)j0 * kv_stride + kvh * HD;
 #pragma unroll
     for (int i = lane; i < hd4; i += TT_WARP) {
         float4 k[RW];
 #pragma unroll
         for (int u = 0; u < RW; ++u) {
             const int r = warp + u * ATTN_SPLIT_WARPS;
-            k[u] = kbase[(size_t)(PLAIN || r < rows ? r : 0) * (kv_stride / 4) + i];
+            k[u] = kv_load4(kbase + (size_t)(PLAIN || r < rows ? r : 0) * kv_stride, i);
         }
         if (!PLAIN) {
 #pragma unroll
@@ -422,8 +424,8 @@ __device__ __forceinline__ void attn_chunk_records_hd_form(const float* __restri
 }
 
 template <int HD>
-__device__ __forceinline__ void attn_chunk_record_for(const float* __restrict__ k_cache,
-                                                      const float* __restrict__ v_cache, const AttnRecords& to, int h,
+__device__ __forceinline__ void attn_chunk_record_for(const kv_t* __restrict__ k_cache,
+                                                      const kv_t* __restrict__ v_cache, const AttnRecords& to, int h,
                                                       int c, int pos, const AttnDims& d, AttnShared& sh, int mark) {
     if constexpr (HD > 0) {
         constexpr bool can_be_plain = ATTN_V_COL * (ATTN_SPLIT_THREADS / HD) <= ATTN_CHUNK;
@@ -628,8 +630,8 @@ __device__ __forceinline__ void attn_merge_local(const float* records, int strid
 // counts: the same arithmetic in the same order, fewer instructions.
 template <bool CLUSTER, int HD = 0>
 __device__ __forceinline__ void attention_decode_body(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
-                                                      const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache,
-                                                      float* __restrict__ v_cache, float* __restrict__ partial,
+                                                      const bf16_t* __restrict__ k_norm, kv_t* __restrict__ k_cache,
+                                                      kv_t* __restrict__ v_cache, float* __restrict__ partial,
                                                       float* __restrict__ out, int* __restrict__ done,
                                                       const int* pos_ptr, int pos_host, int n_heads, int n_kv_heads,
                                                       int head_dim, float scale, const float* __restrict__ rope,
@@ -705,7 +707,7 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
 
 #define ATTN_DECODE_PARAMS                                                                                             \
     const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm, const bf16_t* __restrict__ k_norm,               \
-        float* __restrict__ k_cache, float* __restrict__ v_cache, float* __restrict__ partial,                         \
+        kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache, float* __restrict__ partial,                         \
         float* __restrict__ out, int* __restrict__ done, const int* pos_ptr, int pos_host, int n_heads,                \
         int n_kv_heads, int head_dim, float scale, const float* __restrict__ rope, float eps, int max_chunks
 #define ATTN_DECODE_ARGS                                                                                               \
@@ -738,7 +740,7 @@ extern "C" __global__ void __cluster_dims__(1, ATTN_CLUSTER, 1) __launch_bounds_
 // decode step at its position gives. partial and done hold a head set's records and counters per token.
 // grid (chain tokens, n_kv_heads), block max(32, head_dim).
 extern "C" __global__ void attention_chain_rows(const float* __restrict__ qkv, const bf16_t* __restrict__ k_norm,
-                                                float* __restrict__ k_cache, float* __restrict__ v_cache,
+                                                kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache,
                                                 const int* pos_ptr, const int* count, int n_heads, int n_kv_heads,
                                                 int head_dim, const float* __restrict__ rope, float eps) {
     pdl_enter();
@@ -757,7 +759,7 @@ extern "C" __global__ void attention_chain_rows(const float* __restrict__ qkv, c
 template <bool CLUSTER, int HD = 0>
 __device__ __forceinline__ void attention_decode_chain_body(
     const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm, const bf16_t* __restrict__ k_norm,
-    float* __restrict__ k_cache, float* __restrict__ v_cache, float* __restrict__ partial, float* __restrict__ out,
+    kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache, float* __restrict__ partial, float* __restrict__ out,
     int* __restrict__ done, const int* pos_ptr, const int* count, int n_heads, int n_kv_heads, int head_dim,
     float scale, const float* __restrict__ rope, float eps, int max_chunks) {
     pdl_enter();
@@ -774,7 +776,7 @@ __device__ __forceinline__ void attention_decode_chain_body(
 
 #define ATTN_CHAIN_PARAMS                                                                                              \
     const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm, const bf16_t* __restrict__ k_norm,               \
-        float* __restrict__ k_cache, float* __restrict__ v_cache, float* __restrict__ partial,                         \
+        kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache, float* __restrict__ partial,                         \
         float* __restrict__ out, int* __restrict__ done, const int* pos_ptr, const int* count, int n_heads,            \
         int n_kv_heads, int head_dim, float scale, const float* __restrict__ rope, float eps, int max_chunks
 #define ATTN_CHAIN_ARGS                                                                                                \

@@ -74,8 +74,8 @@ struct PdecLayer {
     const bf16_t* post_norm;
     const bf16_t* gate_up;
     const bf16_t* down;
-    float* k_cache;
-    float* v_cache;
+    kv_t* k_cache;
+    kv_t* v_cache;
 };
 
 // Everything a step needs, written once per model by the host.
@@ -406,8 +406,8 @@ __device__ __forceinline__ void pdec_attention(const PdecPlan& P, int layer, int
     const AttnDims d{P.n_heads, P.n_kv_heads, P.head_dim, P.max_chunks, P.scale, P.eps};
     const int length = pos + 1, n_chunks = (length + ATTN_CHUNK - 1) / ATTN_CHUNK, last_chunk = pos / ATTN_CHUNK;
     const int tasks = P.n_heads * n_chunks;
-    float* k_cache = L->k_cache;
-    float* v_cache = L->v_cache;
+    kv_t* k_cache = L->k_cache;
+    kv_t* v_cache = L->v_cache;
     const bool active = threadIdx.x < P.head_dim;
     const float q_norm_d = active && L->q_norm ? bf16_to_float(L->q_norm[threadIdx.x]) : 0.0f;
     const float k_norm_d = active && L->k_norm ? bf16_to_float(L->k_norm[threadIdx.x]) : 0.0f;

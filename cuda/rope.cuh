@@ -2,12 +2,14 @@
 // qkv holds, per token, q (n_heads * head_dim), then k and v (n_kv_heads * head_dim each), the layout of
 // the fused q|k|v weight. qk_norm_rope_cache (prefill) rotates q heads in place, rotates k heads into k_cache
 // and copies the matching v head to v_cache, at absolute position pos0 + t; decode attention
-// (attention_decode.cuh) calls head_norm_rope_values itself. Caches are fp32 [max_ctx, n_kv_heads, head_dim].
+// (attention_decode.cuh) calls head_norm_rope_values itself. Caches are bf16 [max_ctx, n_kv_heads, head_dim]
+// (kv_cache.cuh).
 // The rotation's cosines and sines come from a table that rope_table fills once per model: position p's row is
 // cos(p * inv_freq_i) for i < head_dim / 2, then the sines. Prefill and decode read the same table, so their cache
 // rows stay bit-identical, and decode spends no powf, cosf or sinf on its critical path.
 #pragma once
 #include "common.cuh"
+#include "kv_cache.cuh"
 
 // Hugging Face's angles: inv_freq = 1 / theta^(2i/d) in fp32, angle = pos * inv_freq.
 // grid (n_positions), block (head_dim / 2).
@@ -101,7 +103,7 @@ __device__ __forceinline__ float head_norm_rope(const float* __restrict__ src, c
 // kv head kh of one token's raw q|k|v row: k normalised and rotated into k_cache's row pos, v copied to v_cache's.
 // Every thread of the block calls it (block max(32, head_dim)).
 __device__ __forceinline__ void kv_row_to_cache(const float* __restrict__ row, const bf16_t* __restrict__ k_norm,
-                                                float* __restrict__ k_cache, float* __restrict__ v_cache, int pos,
+                                                kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache, int pos,
                                                 int kh, int n_heads, int n_kv_heads, int head_dim,
                                                 const float* __restrict__ rope, float eps, float* head,
                                                 float* scratch) {
@@ -109,14 +111,14 @@ __device__ __forceinline__ void kv_row_to_cache(const float* __restrict__ row, c
     const float out = head_norm_rope(row + q_width + kh * head_dim, k_norm, rope, pos, head_dim, eps, head, scratch);
     if (d >= head_dim) return;
     const size_t c = ((size_t)pos * n_kv_heads + kh) * head_dim + d;
-    k_cache[c] = out;
-    v_cache[c] = row[q_width + kv_width + kh * head_dim + d];
+    k_cache[c] = kv_from_float(out);
+    v_cache[c] = kv_from_float(row[q_width + kv_width + kh * head_dim + d]);
 }
 
 // Prefill: grid (n_tokens, n_heads + n_kv_heads), block max(32, head_dim) threads; rope from rope_table.
 extern "C" __global__ void qk_norm_rope_cache(float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
-                                              const bf16_t* __restrict__ k_norm, float* __restrict__ k_cache,
-                                              float* __restrict__ v_cache, const int* pos_ptr, int pos_host,
+                                              const bf16_t* __restrict__ k_norm, kv_t* __restrict__ k_cache,
+                                              kv_t* __restrict__ v_cache, const int* pos_ptr, int pos_host,
                                               int n_heads, int n_kv_heads, int head_dim,
                                               const float* __restrict__ rope, float eps) {
     pdl_enter();

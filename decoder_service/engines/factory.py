@@ -12,7 +12,8 @@ ENGINE_NAMES = ("cpu",)
 KNOWN_ENGINES = ("cpu", "cuda")
 
 
-# KV positions the CUDA engine reserves (fp32 cache): covers the default prompt budget of models up to 64k context.
+# KV positions the CUDA engine reserves (bf16 cache; Qwen3-1.7B: 1.75 GiB): covers the default prompt budget of models
+# up to 64k context.
 CUDA_MAX_CONTEXT = 16_384
 
 

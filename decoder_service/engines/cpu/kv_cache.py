@@ -2,19 +2,37 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
+from decoder_service.models.bf16 import bf16_bits_to_float32, float32_to_bf16_bits
 from decoder_service.models.config import ModelConfig
+
+# What a cache entry holds. "bf16": keys and values rounded to bfloat16 (nearest, ties to even) as they are stored,
+# as the CUDA engine's cache holds them (cuda/kv_cache.cuh), so both engines attend over the same values; the
+# product's default. "fp32": unrounded, for parity with an fp32 reference.
+KVPrecision = Literal["bf16", "fp32"]
+KV_PRECISIONS: tuple[KVPrecision, ...] = ("bf16", "fp32")
+
+
+def round_to_bf16(x: np.ndarray) -> np.ndarray:
+    """The float32 values a bf16 cache entry holds once ``x`` is stored."""
+    return bf16_bits_to_float32(float32_to_bf16_bits(x))
 
 
 class KVCache:
-    """Keys and values of every layer for positions ``0 .. length-1``, shape [capacity, kv_heads, head_dim]."""
+    """Keys and values of every layer for positions ``0 .. length-1``, shape [capacity, kv_heads, head_dim], as
+    float32 arrays that hold ``precision``'s values."""
 
-    def __init__(self, config: ModelConfig, capacity: int) -> None:
+    def __init__(self, config: ModelConfig, capacity: int, precision: KVPrecision = "bf16") -> None:
+        if precision not in KV_PRECISIONS:
+            raise ValueError(f"KV cache precision must be one of {', '.join(KV_PRECISIONS)}; got {precision!r}")
         shape = (config.num_layers, capacity, config.num_kv_heads, config.head_dim)
         self.keys = np.zeros(shape, dtype=np.float32)
         self.values = np.zeros(shape, dtype=np.float32)
         self.length = 0
+        self.precision = precision
 
     @property
     def capacity(self) -> int:
@@ -31,6 +49,8 @@ class KVCache:
     def write(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Store the new positions' k, v for one layer; return that layer's keys and values so far."""
         end = self.length + k.shape[0]
+        if self.precision == "bf16":
+            k, v = round_to_bf16(k), round_to_bf16(v)
         self.keys[layer, self.length : end] = k
         self.values[layer, self.length : end] = v
         return self.keys[layer, :end], self.values[layer, :end]
@@ -48,4 +68,5 @@ class KVCache:
         child.keys[:, :n] = self.keys[:, :n]
         child.values[:, :n] = self.values[:, :n]
         child.length = n
+        child.precision = self.precision
         return child

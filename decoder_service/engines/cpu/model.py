@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from decoder_service.engines.cpu.kv_cache import KVCache
+from decoder_service.engines.cpu.kv_cache import KVCache, KVPrecision
 from decoder_service.engines.cpu.layers import apply_rope, causal_attention, rms_norm, rope_tables, swiglu_mlp
 from decoder_service.engines.cpu.lm_head import LMHead
 from decoder_service.models.config import ModelConfig
@@ -12,16 +12,18 @@ from decoder_service.models.weights import Weights, as_float32, validate_weights
 
 
 class CpuTransformer:
-    """A Llama/Qwen2/Qwen3 decoder in numpy fp32. Weights use Hugging Face names and [out, in] layout."""
+    """A Llama/Qwen2/Qwen3 decoder in numpy fp32. Weights use Hugging Face names and [out, in] layout.
+    ``kv_precision``: what its KV caches hold (kv_cache.py): bf16 as the CUDA engine's, or fp32."""
 
-    def __init__(self, config: ModelConfig, weights: Weights) -> None:
+    def __init__(self, config: ModelConfig, weights: Weights, kv_precision: KVPrecision = "bf16") -> None:
         self.config = config
+        self.kv_precision = kv_precision
         self.w = as_float32(validate_weights(config, weights))
         head = self.w["model.embed_tokens.weight"] if config.tie_word_embeddings else self.w["lm_head.weight"]
         self.head = LMHead(head)
 
     def new_cache(self, capacity: int) -> KVCache:
-        return KVCache(self.config, capacity)
+        return KVCache(self.config, capacity, self.kv_precision)
 
     def prefill(self, token_ids: list[int] | np.ndarray, cache: KVCache) -> np.ndarray:
         """Run ``token_ids`` after the cache's positions; return the final-normed hidden state of the last one."""

@@ -32,7 +32,7 @@ from decoder_service.engines.base import (
 )
 from decoder_service.engines.cuda import driver
 from decoder_service.engines.cuda.driver import CudaError, call
-from decoder_service.engines.cuda.forward import CLUSTER_ATTENTION_POSITIONS, F32, CudaModel
+from decoder_service.engines.cuda.forward import CLUSTER_ATTENTION_POSITIONS, KV_ENTRY_BYTES, CudaModel
 from decoder_service.engines.cuda.graph_loop import DecodeGraph
 from decoder_service.engines.cuda.host_grammar_loop import HostLoop
 from decoder_service.engines.cuda.memory import DeviceBuffer
@@ -391,7 +391,7 @@ class CudaEngine(Engine):
             return True
         saved = self._prefixes.get(key) if key is not None else None
         if saved is not None and n:
-            nbytes = n * m.kv_width * F32
+            nbytes = n * m.kv_width * KV_ENTRY_BYTES
             for buf, dst in zip(saved, [*m.k_cache, *m.v_cache], strict=True):
                 call("cuMemcpyDtoDAsync", dst.ptr, buf.ptr, nbytes, self.stream.handle)
             self._prefixes.move_to_end(key)
@@ -403,7 +403,7 @@ class CudaEngine(Engine):
             return False
         m.prefill(list(prefix_ids))
         if key is not None:
-            nbytes = n * m.kv_width * F32
+            nbytes = n * m.kv_width * KV_ENTRY_BYTES
             copies = []
             for src in [*m.k_cache, *m.v_cache]:
                 buf = DeviceBuffer(nbytes)

@@ -23,6 +23,8 @@ from decoder_service.engines.env import env_int
 from decoder_service.models.config import ModelConfig
 
 F32 = 4
+# The KV cache holds bf16 entries (cuda/kv_cache.cuh): keys and values rounded as they are stored.
+KV_ENTRY_BYTES = 2
 THREADS = 256
 GEMV_WARPS = 8  # warps per GEMV block (cuda/gemv.cuh)
 # Rows at least this long are shared by two warps, in gemv_bf16 (cuda/gemv.cuh); shorter rows take one warp each,
@@ -332,7 +334,7 @@ class CudaModel:
         self.logits = DeviceBuffer(c.vocab_size * F32)
         self.tokens = DeviceBuffer(t * 4)  # prompt ids of a prefill chunk
         self.token = DeviceBuffer(4)  # argmax output; the next decode step's input
-        cache_bytes = max_context * self.kv_width * F32
+        cache_bytes = max_context * self.kv_width * KV_ENTRY_BYTES
         self.k_cache = [DeviceBuffer(cache_bytes) for _ in range(c.num_layers)]
         self.v_cache = [DeviceBuffer(cache_bytes) for _ in range(c.num_layers)]
         # Every position's rotary cosines and sines, computed once on the device (cuda/rope.cuh): prefill and

@@ -16,6 +16,7 @@ import numpy as np
 
 from decoder_service.engines.cuda.forward import ATTN_CHUNK, ATTN_CLUSTER
 from decoder_service.engines.cuda.persistent import LAYER_FIELDS, LAYER_FORMAT, PLAN_FIELDS, PLAN_FORMAT
+from decoder_service.models.bf16 import bf16_bits_to_float32, float32_to_bf16_bits
 from tests.decoder_service.engines.cuda import reference as ref
 
 CUDA_DIR = Path(__file__).resolve().parents[4] / "cuda"
@@ -363,6 +364,16 @@ class FakeDriver:
     def cuGraphDestroy(self, graph: int) -> tuple:
         return (0,)
 
+    def _kv_store(self, ptr: int, row0: int, rows: np.ndarray) -> None:
+        """rows ([n, kv heads, head_dim] floats) into a KV cache from row0 on, rounded to bf16 as the kernels store
+        them (cuda/kv_cache.cuh)."""
+        bits = float32_to_bf16_bits(np.asarray(rows, dtype=np.float32))
+        self.view(ptr + 2 * row0 * bits[0].size, np.uint16, bits.size)[:] = bits.ravel()
+
+    def _kv_values(self, ptr: int, rows: int, kv: int, hd: int) -> np.ndarray:
+        """A KV cache's first ``rows`` rows as the kernels read them (bf16 widened to fp32, exactly)."""
+        return bf16_bits_to_float32(self.view(ptr, np.uint16, rows * kv * hd)).reshape(rows, kv, hd)
+
     def _bf16(self, ptr: int, count: int) -> np.ndarray:
         return (self.view(ptr, np.uint16, count).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
@@ -535,10 +546,8 @@ class FakeDriver:
         kn = self._bf16(a.k_norm, hd) if a.k_norm else None
         q, k, v = ref.qk_norm_rope(qkv, qn, kn, pos0, h, kv, hd, self._rope_rows(a, pos0 + t), a.eps)
         qkv[:, : h * hd] = q.reshape(t, h * hd)
-        kc = self.view(a.k_cache, np.float32, (pos0 + t) * kv * hd).reshape(pos0 + t, kv, hd)
-        vc = self.view(a.v_cache, np.float32, (pos0 + t) * kv * hd).reshape(pos0 + t, kv, hd)
-        kc[pos0:] = k
-        vc[pos0:] = v
+        self._kv_store(a.k_cache, pos0, k)
+        self._kv_store(a.v_cache, pos0, v)
 
     def k_attention(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         h, t, hd, kv = a.n_heads, grid[1], a.head_dim, a.n_kv_heads
@@ -548,8 +557,7 @@ class FakeDriver:
         assert abs(a.scale - hd**-0.5) < 1e-6
         width = (h + 2 * kv) * hd
         q = self.view(a.qkv, np.float32, t * width).reshape(t, width)[:, : h * hd].reshape(t, h, hd)
-        kc = self.view(a.k_cache, np.float32, (pos0 + t) * kv * hd).reshape(pos0 + t, kv, hd)
-        vc = self.view(a.v_cache, np.float32, (pos0 + t) * kv * hd).reshape(pos0 + t, kv, hd)
+        kc, vc = self._kv_values(a.k_cache, pos0 + t, kv, hd), self._kv_values(a.v_cache, pos0 + t, kv, hd)
         self.view(a.out, np.float32, t * h * hd)[:] = ref.attention(q.astype(np.float64), kc, vc, pos0).ravel()
 
     def k_attention_decode(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
@@ -573,9 +581,8 @@ class FakeDriver:
         qkv = self.view(a.qkv, np.float32, count * width).reshape(count, width)
         kn = self._bf16(a.k_norm, hd) if a.k_norm else None
         _, k, v = ref.qk_norm_rope(qkv, kn, kn, pos0, h, kv, hd, self._rope_rows(a, pos0 + count), a.eps)
-        kc = self.view(a.k_cache, np.float32, (pos0 + count) * kv * hd).reshape(pos0 + count, kv, hd)
-        vc = self.view(a.v_cache, np.float32, (pos0 + count) * kv * hd).reshape(pos0 + count, kv, hd)
-        kc[pos0:], vc[pos0:] = k, v
+        self._kv_store(a.k_cache, pos0, k)
+        self._kv_store(a.v_cache, pos0, v)
 
     def k_attention_decode_chain(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         """Token t of the chain as attention_decode at its position, with its own records and counters."""
@@ -628,9 +635,9 @@ class FakeDriver:
         qn = self._bf16(q_norm, hd) if q_norm else None
         kn = self._bf16(k_norm, hd) if k_norm else None
         q, k, v = ref.qk_norm_rope(qkv, qn, kn, pos, h, kv, hd, self._rope_rows(a, pos + 1), a.eps)
-        kc = self.view(k_cache, np.float32, (pos + 1) * kv * hd).reshape(pos + 1, kv, hd)
-        vc = self.view(v_cache, np.float32, (pos + 1) * kv * hd).reshape(pos + 1, kv, hd)
-        kc[pos], vc[pos] = k[0], v[0]
+        self._kv_store(k_cache, pos, k)
+        self._kv_store(v_cache, pos, v)
+        kc, vc = self._kv_values(k_cache, pos + 1, kv, hd), self._kv_values(v_cache, pos + 1, kv, hd)
         self.view(out, np.float32, h * hd)[:] = ref.attention(q, kc, vc, pos).ravel()
 
     def k_decode_persistent(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:

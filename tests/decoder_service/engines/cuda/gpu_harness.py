@@ -45,6 +45,9 @@ def bf16_random(
     return bits, bf16_bits_to_float32(bits).astype(np.float64)
 
 
+KV_NAN_PAIR = 0x7FC07FC0  # two bf16 NaNs in one 32-bit fill
+
+
 class Device:
     """Upload, poison, launch and read back, freeing everything at the end of a test."""
 
@@ -57,6 +60,17 @@ class Device:
         buf = DeviceBuffer.from_array(np.ascontiguousarray(array), self.stream)
         self.buffers.append(buf)
         return buf
+
+    def poisoned_kv(self, count: int) -> DeviceBuffer:
+        """A KV cache of ``count`` bf16 NaNs (cuda/kv_cache.cuh's entries)."""
+        buf = DeviceBuffer(2 * count + 2)
+        buf.fill_u32(KV_NAN_PAIR, self.stream)
+        self.buffers.append(buf)
+        return buf
+
+    def get_kv(self, buf: DeviceBuffer, shape: tuple[int, ...]) -> np.ndarray:
+        """A KV cache's entries as the kernels read them (bf16 widened to fp32, exactly)."""
+        return bf16_bits_to_float32(buf.download(np.uint16, shape, self.stream))
 
     def poisoned(self, count: int, itemsize: int = 4) -> DeviceBuffer:
         """A buffer of NaNs: any element a kernel fails to write stays NaN and fails the comparison."""

@@ -1,5 +1,6 @@
 """Random Hugging Face models (fixed seed) as the whole-model reference: the engine receives the weights rounded
-to bf16, and the torch model runs in fp32 on exactly those rounded values."""
+to bf16, and the torch model runs in fp32 on exactly those rounded values, its keys and values rounded to bf16 as
+they enter its cache, as the engine's KV cache holds them (cuda/kv_cache.cuh)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from decoder_service.models.config import ModelConfig
 from tests.decoder_service.engines.cuda.reference import rel_err
+from tests.decoder_service.engines.hf_cache import with_bf16_kv_cache
 
 NEAR_TIE = 0.05  # top-2 logit margin under which a different greedy token is a tie, not an error
 
@@ -100,7 +102,8 @@ def reference_logits(model: Any, ids: list[int]) -> np.ndarray:
     torch.set_float32_matmul_precision("highest")
     device = next(model.parameters()).device
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([ids], device=device)).logits[0]
+        ids_t = torch.tensor([ids], device=device)
+        out = model(input_ids=ids_t, **with_bf16_kv_cache(model)).logits[0]
     return out.double().cpu().numpy()
 
 

@@ -19,6 +19,7 @@ from decoder_service.engines.cuda.forward import (
     gstream_slot_bytes,
 )
 from decoder_service.engines.cuda.memory import DeviceBuffer, to_bf16_bits
+from decoder_service.models.bf16 import bf16_bits_to_float32
 from decoder_service.models.fp8 import fp8_rows, quantize_rows
 from tests.decoder_service.engines.cuda import reference as ref
 from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random, load_module, record, requires_gpu
@@ -606,7 +607,7 @@ def test_qk_norm_rope_cache(dev: Device, rng: np.random.Generator, hd: int, qk_n
     qkv = rng.standard_normal((t, width)).astype(F32)
     qnb, qn = bf16_random(rng, hd, 0.2, 1.0)
     knb, kn = bf16_random(rng, hd, 0.2, 1.0)
-    qkv_b, kc, vc = dev.put(qkv), dev.poisoned(ctx * kv * hd), dev.poisoned(ctx * kv * hd)
+    qkv_b, kc, vc = dev.put(qkv), dev.poisoned_kv(ctx * kv * hd), dev.poisoned_kv(ctx * kv * hd)
     qn_ptr = dev.put(qnb).ptr if qk_norm else 0
     kn_ptr = dev.put(knb).ptr if qk_norm else 0
     pos_ptr = dev.put(np.array([pos0], dtype=np.int32)).ptr if device_pos else 0
@@ -631,13 +632,15 @@ def test_qk_norm_rope_cache(dev: Device, rng: np.random.Generator, hd: int, qk_n
         ],
     )
     truth = ref.rope_table(ctx, hd, theta)
-    q, k, v = ref.qk_norm_rope(qkv, qn if qk_norm else None, kn if qk_norm else None, pos0, heads, kv, hd, truth, eps)
+    q, k, _ = ref.qk_norm_rope(qkv, qn if qk_norm else None, kn if qk_norm else None, pos0, heads, kv, hd, truth, eps)
     tag = f"hd={hd},norm={qk_norm},device_pos={device_pos}"
     out_qkv = dev.get(qkv_b, F32, (t, width))
     check(f"qk_norm_rope/q/{tag}", out_qkv[:, : heads * hd], q.reshape(t, -1))
     np.testing.assert_array_equal(out_qkv[:, heads * hd :], qkv[:, heads * hd :])  # k and v stay put in qkv
-    check(f"qk_norm_rope/k_cache/{tag}", dev.get(kc, F32, (ctx, kv, hd))[pos0 : pos0 + t], k)
-    check(f"qk_norm_rope/v_cache/{tag}", dev.get(vc, F32, (ctx, kv, hd))[pos0 : pos0 + t], v)
+    # The cache rows: bf16, so within its rounding of the float64 values; v is copied, so exactly its rounding.
+    check(f"qk_norm_rope/k_cache/{tag}", dev.get_kv(kc, (ctx, kv, hd))[pos0 : pos0 + t], k)
+    v_bits = dev.get(vc, np.uint16, (ctx, kv, hd))[pos0 : pos0 + t]
+    np.testing.assert_array_equal(v_bits, to_bf16_bits(qkv[:, (heads + kv) * hd :].reshape(t, kv, hd)))
 
 
 @pytest.mark.parametrize(
@@ -647,9 +650,8 @@ def test_attention(dev: Device, rng: np.random.Generator, hd: int, t: int, pos0:
     heads, kv, ctx = 8, 2, 512
     width = (heads + 2 * kv) * hd
     qkv = rng.standard_normal((t, width)).astype(F32)
-    k_cache = rng.standard_normal((ctx, kv, hd)).astype(F32)
-    v_cache = rng.standard_normal((ctx, kv, hd)).astype(F32)
-    qb, kb, vb, out = dev.put(qkv), dev.put(k_cache), dev.put(v_cache), dev.poisoned(t * heads * hd)
+    (k_bits, k_cache), (v_bits, v_cache) = bf16_random(rng, (ctx, kv, hd)), bf16_random(rng, (ctx, kv, hd))
+    qb, kb, vb, out = dev.put(qkv), dev.put(k_bits), dev.put(v_bits), dev.poisoned(t * heads * hd)
     pos_ptr = dev.put(np.array([pos0], dtype=np.int32)).ptr if device_pos else 0
     dev.launch(
         "attention",
@@ -717,8 +719,7 @@ def test_decode_attention(
     knb, kn = bf16_random(rng, hd, 0.2, 1.0)
     qn_ptr = dev.put(qnb).ptr if qk_norm else 0
     kn_ptr = dev.put(knb).ptr if qk_norm else 0
-    k_cache = rng.standard_normal((ctx, kv, hd)).astype(F32)
-    v_cache = rng.standard_normal((ctx, kv, hd)).astype(F32)
+    (k_bits, k_cache), (v_bits, v_cache) = bf16_random(rng, (ctx, kv, hd)), bf16_random(rng, (ctx, kv, hd))
     qb = dev.put(qkv)
     part, done = dev.poisoned(heads * chunks * (hd + 2)), dev.put(np.zeros(heads, dtype=np.int32))
     pos_ptr = dev.put(np.array([pos0], dtype=np.int32)).ptr if device_pos else 0
@@ -735,13 +736,13 @@ def test_decode_attention(
     if hd == 128:  # compiled for head_dim 128
         runs += [("attention_decode_hd128", 16), ("attention_decode_hd128", 3), ("attention_decode_cluster_hd128", 8)]
     for kernel, blocks in runs:
-        kb, vb, out = dev.put(k_cache), dev.put(v_cache), dev.poisoned(heads * hd)
+        kb, vb, out = dev.put(k_bits), dev.put(v_bits), dev.poisoned(heads * hd)
         bufs = {"qkv": qb.ptr, "q_norm": qn_ptr, "k_norm": kn_ptr, "k": kb.ptr, "v": vb.ptr}
         bufs |= {"partial": part.ptr, "out": out.ptr, "done": done.ptr, "pos": pos_ptr}
         args = _decode_attention_args(bufs, ("i32", host_pos), heads, kv, hd, table.ptr, eps, chunks)
         dev.launch(kernel, (heads, blocks, 1), (256, 1, 1), args)
         outs.append(dev.get(out, F32, heads * hd))
-        caches.append((dev.get(kb, F32, (ctx, kv, hd)), dev.get(vb, F32, (ctx, kv, hd))))
+        caches.append((dev.get(kb, np.uint16, (ctx, kv, hd)), dev.get(vb, np.uint16, (ctx, kv, hd))))
         assert not dev.get(done, np.int32, heads).any(), "the merge counters must be left at zero"
     q, k, v = ref.qk_norm_rope(
         qkv.reshape(1, -1),
@@ -754,18 +755,20 @@ def test_decode_attention(
         ref.rope_table(ctx, hd, theta),
         eps,
     )
-    expected_k, expected_v = k_cache.astype(np.float64), v_cache.astype(np.float64)
-    expected_k[pos0], expected_v[pos0] = k[0], v[0]
+    # The new token attends over its own k and v as the bf16 cache holds them.
+    expected_k, expected_v = k_cache.copy(), v_cache.copy()
+    expected_k[pos0] = bf16_bits_to_float32(to_bf16_bits(k[0].astype(F32)))
+    expected_v[pos0] = bf16_bits_to_float32(to_bf16_bits(v[0].astype(F32)))
     tag = f"hd={hd},pos0={pos0}"
     check(f"attention_decode/{tag}", outs[0], ref.attention(q, expected_k, expected_v, pos0).ravel())
-    check(f"attention_decode/k_row/{tag}", caches[0][0][pos0], k[0])
+    check(f"attention_decode/k_row/{tag}", bf16_bits_to_float32(caches[0][0][pos0]), k[0])
     assert all(np.array_equal(outs[0], o) for o in outs[1:]), "the grid or the merge changed the bits"
     assert all(np.array_equal(a, b) for c in caches[1:] for a, b in zip(caches[0], c, strict=True))
     untouched = np.arange(ctx) != pos0
-    assert np.array_equal(caches[0][0][untouched], k_cache[untouched])
-    assert np.array_equal(caches[0][1][pos0], qkv[(heads + kv) * hd :].reshape(kv, hd))
+    assert np.array_equal(caches[0][0][untouched], k_bits[untouched])
+    assert np.array_equal(caches[0][1][pos0], to_bf16_bits(qkv[(heads + kv) * hd :].reshape(kv, hd)))
     # The prefill kernel writes the same row bit for bit (both call head_norm_rope).
-    kp, vp = dev.poisoned(ctx * kv * hd), dev.poisoned(ctx * kv * hd)
+    kp, vp = dev.poisoned_kv(ctx * kv * hd), dev.poisoned_kv(ctx * kv * hd)
     dev.launch(
         "qk_norm_rope_cache",
         (1, heads + kv, 1),
@@ -785,7 +788,7 @@ def test_decode_attention(
             ("f32", eps),
         ],
     )
-    assert np.array_equal(dev.get(kp, F32, (ctx, kv, hd))[pos0], caches[0][0][pos0])
+    assert np.array_equal(dev.get(kp, np.uint16, (ctx, kv, hd))[pos0], caches[0][0][pos0])
 
 
 @pytest.mark.parametrize(
@@ -801,8 +804,7 @@ def test_decode_attention_chain_gives_each_token_a_single_steps_bits(
     chunks, width = ctx // ATTN_CHUNK, (heads + 2 * kv) * hd
     qkv = rng.standard_normal((count, width)).astype(F32)
     qn, kn = dev.put(bf16_random(rng, hd, 0.2, 1.0)[0]), dev.put(bf16_random(rng, hd, 0.2, 1.0)[0])
-    k_cache = rng.standard_normal((ctx, kv, hd)).astype(F32)
-    v_cache = rng.standard_normal((ctx, kv, hd)).astype(F32)
+    k_cache, v_cache = bf16_random(rng, (ctx, kv, hd))[0], bf16_random(rng, (ctx, kv, hd))[0]  # bf16 bits
     table = rope_table(dev, ctx, hd, 1e6).ptr
     done = dev.put(np.zeros(tokens * heads, dtype=np.int32))
     part = dev.poisoned(tokens * heads * chunks * (hd + 2))
@@ -821,7 +823,7 @@ def test_decode_attention_chain_gives_each_token_a_single_steps_bits(
             _decode_attention_args(bufs, ("i32", pos0 + t), heads, kv, hd, table, 1e-6, chunks),
         )
         want.append(dev.get(out, F32, heads * hd))
-    want_k, want_v = dev.get(kb, F32, (ctx, kv, hd)), dev.get(vb, F32, (ctx, kv, hd))
+    want_k, want_v = dev.get(kb, np.uint16, (ctx, kv, hd)), dev.get(vb, np.uint16, (ctx, kv, hd))
 
     runs = [("attention_decode_chain", 24), ("attention_decode_chain", 96), ("attention_decode_chain", 5)]
     if pos0 + count <= 8 * ATTN_CHUNK:  # the cluster merge holds up to 8 chunks
@@ -862,8 +864,8 @@ def test_decode_attention_chain_gives_each_token_a_single_steps_bits(
         got = dev.get(out, F32, (tokens, heads * hd))
         for t in range(count):
             assert np.array_equal(got[t], want[t]), f"{kernel} on {blocks} blocks a head: token {t} differs"
-        assert np.array_equal(dev.get(kb, F32, (ctx, kv, hd)), want_k), f"{kernel}: K cache differs"
-        assert np.array_equal(dev.get(vb, F32, (ctx, kv, hd)), want_v), f"{kernel}: V cache differs"
+        assert np.array_equal(dev.get(kb, np.uint16, (ctx, kv, hd)), want_k), f"{kernel}: K cache differs"
+        assert np.array_equal(dev.get(vb, np.uint16, (ctx, kv, hd)), want_v), f"{kernel}: V cache differs"
         assert not dev.get(done, np.int32, tokens * heads).any(), "the merge counters must be left at zero"
 
 

@@ -164,7 +164,7 @@ def test_persistent_and_layered_steps_agree_in_emulation(fake_driver: FakeDriver
         for _ in range(4):
             model.decode()
             logits.append(model.read_logits())
-        outputs[kind] = (logits, [buf.download(np.float32, 12 * model.kv_width, model.stream) for buf in model.k_cache])
+        outputs[kind] = (logits, [buf.download(np.uint16, 12 * model.kv_width, model.stream) for buf in model.k_cache])
         model.free()
     (la, ca), (lp, cp) = outputs["layers"], outputs["persistent"]
     assert all(np.array_equal(a, b) for a, b in zip(la, lp, strict=True))

@@ -33,7 +33,7 @@ def module(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
 
 def _caches(model, length: int) -> list[np.ndarray]:
     width = model.kv_width
-    return [buf.download(np.float32, length * width, model.stream) for buf in (*model.k_cache, *model.v_cache)]
+    return [buf.download(np.uint16, length * width, model.stream) for buf in (*model.k_cache, *model.v_cache)]
 
 
 @pytest.mark.parametrize(("shape", "prompt_len", "steps"), CASES)
