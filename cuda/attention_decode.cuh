@@ -22,8 +22,8 @@
 // attention_decode_hd128 and attention_decode_cluster_hd128 are the same bodies compiled for head_dim 128.
 // The new token's k and v (row pos) are computed by every block whose chunk holds pos, together with its q by
 // head_norm_rope_pair (each value bit-identical to the prefill kernel's head_norm_rope_values), and used from shared
-// memory as the bf16 cache holds them (kv_cache.cuh); the first q head of each kv group writes them to the caches. The position comes from device memory
-// (graph replays) or from the host (pos_ptr null).
+// memory as the bf16 cache holds them (kv_cache.cuh); the first q head of each kv group writes them to the caches.
+// The position comes from device memory (graph replays) or from the host (pos_ptr null).
 #pragma once
 #include "common.cuh"
 #include "kv_cache.cuh"
@@ -707,7 +707,7 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
 
 #define ATTN_DECODE_PARAMS                                                                                             \
     const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm, const bf16_t* __restrict__ k_norm,               \
-        kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache, float* __restrict__ partial,                         \
+        kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache, float* __restrict__ partial,                           \
         float* __restrict__ out, int* __restrict__ done, const int* pos_ptr, int pos_host, int n_heads,                \
         int n_kv_heads, int head_dim, float scale, const float* __restrict__ rope, float eps, int max_chunks
 #define ATTN_DECODE_ARGS                                                                                               \
@@ -776,7 +776,7 @@ __device__ __forceinline__ void attention_decode_chain_body(
 
 #define ATTN_CHAIN_PARAMS                                                                                              \
     const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm, const bf16_t* __restrict__ k_norm,               \
-        kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache, float* __restrict__ partial,                         \
+        kv_t* __restrict__ k_cache, kv_t* __restrict__ v_cache, float* __restrict__ partial,                           \
         float* __restrict__ out, int* __restrict__ done, const int* pos_ptr, const int* count, int n_heads,            \
         int n_kv_heads, int head_dim, float scale, const float* __restrict__ rope, float eps, int max_chunks
 #define ATTN_CHAIN_ARGS                                                                                                \

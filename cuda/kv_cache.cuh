@@ -16,9 +16,6 @@ __device__ __forceinline__ kv_t kv_from_float(float v) {
     return (kv_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
 }
 
-// The value a cache entry holds once v is stored.
-__device__ __forceinline__ float kv_round(float v) { return bf16_to_float(kv_from_float(v)); }
-
 __device__ __forceinline__ float kv_load(const kv_t* p) { return bf16_to_float(*p); }
 
 // Entries 4i .. 4i + 3 from p (8-byte aligned), in one load.
