@@ -63,19 +63,16 @@ class Device:
 
     def poisoned_kv(self, count: int) -> DeviceBuffer:
         """A KV cache of ``count`` bf16 NaNs (cuda/kv_cache.cuh's entries)."""
-        buf = DeviceBuffer(2 * count + 2)
-        buf.fill_u32(KV_NAN_PAIR, self.stream)
-        self.buffers.append(buf)
-        return buf
+        return self.poisoned((count + 1) // 2, word=KV_NAN_PAIR)
 
     def get_kv(self, buf: DeviceBuffer, shape: tuple[int, ...]) -> np.ndarray:
         """A KV cache's entries as the kernels read them (bf16 widened to fp32, exactly)."""
         return bf16_bits_to_float32(buf.download(np.uint16, shape, self.stream))
 
-    def poisoned(self, count: int, itemsize: int = 4) -> DeviceBuffer:
+    def poisoned(self, count: int, itemsize: int = 4, word: int = NAN_WORD) -> DeviceBuffer:
         """A buffer of NaNs: any element a kernel fails to write stays NaN and fails the comparison."""
         buf = DeviceBuffer(count * itemsize)
-        buf.fill_u32(NAN_WORD, self.stream)
+        buf.fill_u32(word, self.stream)
         self.buffers.append(buf)
         return buf
 

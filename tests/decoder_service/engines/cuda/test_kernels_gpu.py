@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from decoder_service.engines.cpu.kv_cache import round_to_bf16
 from decoder_service.engines.cuda.forward import (
     ATTN_CHUNK,
     GSTREAM_THREADS,
@@ -757,8 +758,7 @@ def test_decode_attention(
     )
     # The new token attends over its own k and v as the bf16 cache holds them.
     expected_k, expected_v = k_cache.copy(), v_cache.copy()
-    expected_k[pos0] = bf16_bits_to_float32(to_bf16_bits(k[0].astype(F32)))
-    expected_v[pos0] = bf16_bits_to_float32(to_bf16_bits(v[0].astype(F32)))
+    expected_k[pos0], expected_v[pos0] = round_to_bf16(k[0].astype(F32)), round_to_bf16(v[0].astype(F32))
     tag = f"hd={hd},pos0={pos0}"
     check(f"attention_decode/{tag}", outs[0], ref.attention(q, expected_k, expected_v, pos0).ravel())
     check(f"attention_decode/k_row/{tag}", bf16_bits_to_float32(caches[0][0][pos0]), k[0])
