@@ -1,16 +1,20 @@
 // Constrained greedy decoding on the device: the compiled token trie (tooltrie/grammar/trie.py's device image),
 // the legal-token mask, the sparse head and the step (argmax over legal tokens, score, advance).
 //
-// One step is three kernels, each reading the sequence's control block `ctl` (device memory, layout below):
+// One step is two kernels, each reading the sequence's control block `ctl` (device memory, layout below), after
+// trie_mask has run once for the answer's first node:
 //   trie_mask    materialises the live edges of the current node into `cand` (tokens, then edge ids), in
 //                ascending token order, and flags an empty mask
 //   sparse_head  one block per candidate slot over a fixed grid of TRIE_HEAD_SLOTS blocks (the graph shape does
 //                not depend on the data); slots past the candidate count return at once. The dense head is the
-//                vocabulary GEMV; both compute a row with gemv_row_dot, so a logit is the same bits either way
+//                vocabulary GEMV; both compute a row with gemv_row_dot, so a logit is the same bits either way.
+//                After a decode pass it also applies the model's final norm to the row it stages (the rmsnorm
+//                kernel's bits), so the passes before it end at the last layer
 //   trie_step    argmax over the candidates (fixed tree, ties to the lower token id), the log-softmax score
 //                over the legal logits, the advance, error flags, the published pointer, the loop predicate;
 //                with TT_FLAG_FORCED_TAIL, also the rest of the answer when the grammar forces every token of it,
-//                and with TT_FLAG_CHAINS the tokens it forces next (a chain, which the next forward pass takes)
+//                and with TT_FLAG_CHAINS the tokens it forces next (a chain, which the next forward pass takes);
+//                then the next node's mask, as trie_mask makes it (one kernel fewer on every step's path)
 // None of them takes the current token from the host: the forward pass reads ctl[TT_CTL_TOKEN] and
 // ctl[TT_CTL_POS] through its device-pointer form, or the host passes them in the host-argument form.
 //
@@ -19,6 +23,7 @@
 #pragma once
 #include <cuda_runtime.h>
 #include "common.cuh"
+#include "gemv.cuh"
 
 #define TRIE_THREADS 256
 #define TRIE_HEAD_SLOTS 256       // sparse-head grid; wider nodes need the dense head
@@ -187,33 +192,49 @@ __device__ void trie_mask_body(const R& t, int* ctl, int* cand, int cand_cap) {
     }
 }
 
-// cand holds cand_cap tokens then cand_cap edge ids. A finished or failed sequence is left untouched.
-extern "C" __global__ void __launch_bounds__(TRIE_THREADS) trie_mask(int* ctl, int* cand, int cand_cap) {
-    pdl_enter();
+// The mask of ctl's node by the whole block (every thread must call it). cand holds cand_cap tokens then cand_cap
+// edge ids. A finished or failed sequence is left untouched.
+__device__ __forceinline__ void trie_mask_block(int* ctl, int* cand, int cand_cap) {
     if (ctl[TT_CTL_DONE] || ctl[TT_CTL_ERROR]) return;
     const int* g = ctl_ptr(ctl, TT_CTL_TRIE);
     if (g) trie_mask_body(GlobalTrie{g}, ctl, cand, cand_cap);
     else trie_mask_body(ConstTrie{}, ctl, cand, cand_cap);
 }
 
+// The answer's first mask; trie_step makes every later one.
+extern "C" __global__ void __launch_bounds__(TRIE_THREADS) trie_mask(int* ctl, int* cand, int cand_cap) {
+    pdl_enter();
+    trie_mask_block(ctl, cand, cand_cap);
+}
+
 // Logits of the candidate rows only: block b computes row cand[b] with warps_per_row warps, exactly as the
 // dense GEMV computes that row (same staging, same gemv_row_dot, parts added in ascending order).
+// norm_w null: x is the normalised row (the prefill's final norm). Else x is the residual stream of the forward
+// pass, and each block applies the model's final norm (norm_w, eps) to its last token's row, row ctl[NCHAIN] - 1,
+// as it stages it: the rmsnorm kernel's values (gemv_stage_input's), without that kernel on the step's path.
 // Dynamic shared memory K * 4 bytes; grid TRIE_HEAD_SLOTS.
 extern "C" __global__ void __launch_bounds__(TRIE_THREADS)
 sparse_head(const bf16_t* __restrict__ W, const float* __restrict__ x, const int* __restrict__ ctl,
-            const int* __restrict__ cand, float* __restrict__ cand_logit, int K, int warps_per_row) {
+            const int* __restrict__ cand, float* __restrict__ cand_logit, int K, int warps_per_row,
+            const bf16_t* __restrict__ norm_w, float eps) {
     pdl_enter();
     extern __shared__ float4 hs4[];
     __shared__ float parts[TRIE_THREADS / TT_WARP];
+    __shared__ float scratch[32];
     const int slot = blockIdx.x;
     if (ctl[TT_CTL_DONE] || ctl[TT_CTL_ERROR] || slot >= ctl[TT_CTL_NCAND]) return;  // uniform per block
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
     // Start streaming the row before staging the input (warps outside the row's parts load nothing).
     const uint4* wrow = reinterpret_cast<const uint4*>(W + (size_t)cand[slot] * K);
     const GemvPrefetch pf = gemv_prefetch(wrow, warp < warps_per_row ? K : 0, warp, lane, warps_per_row);
-    const float4* x4 = reinterpret_cast<const float4*>(x);
-    for (int e = threadIdx.x; e < K / 4; e += blockDim.x) hs4[e] = x4[e];
-    __syncthreads();
+    if (norm_w) {
+        const int row = max(ctl[TT_CTL_NCHAIN], 1) - 1;
+        gemv_stage_input(hs4, x + (size_t)row * K, norm_w, GEMV_IN_RMSNORM, eps, K, scratch);
+    } else {
+        const float4* x4 = reinterpret_cast<const float4*>(x);
+        for (int e = threadIdx.x; e < K / 4; e += blockDim.x) hs4[e] = x4[e];
+        __syncthreads();
+    }
     if (warp >= warps_per_row) return;
     float acc = gemv_row_dot_from(pf, wrow, hs4, K, warp, lane, warps_per_row);
     if (warps_per_row > 1) {
@@ -391,9 +412,10 @@ __device__ __forceinline__ bool step_better(float v, int j, float bv, int bj) {
 // dense != 0: logits is the full vocabulary row (read at the candidates' tokens); else the sparse head's
 // cand_logit. trace (optional) receives (token, logit bits, log-prob bits) per token (TT_NO_LOGIT for a forced
 // tail's and a chain's tokens past its first). cond_*: LoopConds's handles inside a graph, 0 in the host loop.
+// cand is read, then rewritten with the next node's mask (no __restrict__: it is not read-only here).
 extern "C" __global__ void __launch_bounds__(TRIE_THREADS)
-trie_step(int* ctl, const int* __restrict__ cand, int cand_cap, const float* __restrict__ logits, int dense,
-          int* trace, int* out, unsigned long long cond_loop, unsigned long long cond_chain) {
+trie_step(int* ctl, int* cand, int cand_cap, const float* __restrict__ logits, int dense, int* trace, int* out,
+          unsigned long long cond_loop, unsigned long long cond_chain) {
     const LoopConds cond{cond_loop, cond_chain};
     pdl_enter();
     __shared__ float vals[TRIE_THREADS];
@@ -445,17 +467,19 @@ trie_step(int* ctl, const int* __restrict__ cand, int cand_cap, const float* __r
     if (!bad)
         for (int j = threadIdx.x; j < n; j += blockDim.x) z += expf((dense ? logits[cand[j]] : logits[j]) - top);
     z = block_sum(z, scratch);
-    if (threadIdx.x != 0) return;
-    if (bad || win < 0) {
-        ctl[TT_CTL_ERROR] = TT_ERR_NON_FINITE;
-        ctl[TT_CTL_ERRNODE] = ctl[TT_CTL_NODE];
-        publish_state(ctl, vout, cond);
-        return;
+    if (threadIdx.x == 0) {
+        if (bad || win < 0) {
+            ctl[TT_CTL_ERROR] = TT_ERR_NON_FINITE;
+            ctl[TT_CTL_ERRNODE] = ctl[TT_CTL_NODE];
+        } else {
+            const float logprob = top - (top + logf(z));  // the CPU engine's expression: logit - logsumexp(legal)
+            const int token = cand[win], edge = cand[cand_cap + win];
+            const int* g = ctl_ptr(ctl, TT_CTL_TRIE);
+            if (g) take_step(GlobalTrie{g}, ctl, vout, trace, edge, token, top, logprob);
+            else take_step(ConstTrie{}, ctl, vout, trace, edge, token, top, logprob);
+        }
     }
-    const float logprob = top - (top + logf(z));  // the CPU engine's expression: logit - logsumexp(legal)
-    const int token = cand[win], edge = cand[cand_cap + win];
-    const int* g = ctl_ptr(ctl, TT_CTL_TRIE);
-    if (g) take_step(GlobalTrie{g}, ctl, vout, trace, edge, token, top, logprob);
-    else take_step(ConstTrie{}, ctl, vout, trace, edge, token, top, logprob);
-    publish_state(ctl, vout, cond);
+    __syncthreads();  // the advance's ctl and every read of cand come before the next mask
+    trie_mask_block(ctl, cand, cand_cap);
+    if (threadIdx.x == 0) publish_state(ctl, vout, cond);  // an empty next mask ends the loop now
 }

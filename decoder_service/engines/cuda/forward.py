@@ -449,10 +449,17 @@ class CudaModel:
 
     # -- launch lists -------------------------------------------------------------------------------------
     def _build(
-        self, n: int, tokens_ptr: int, pos: int, pos_ptr: int = 0, head: bool = True, cluster_attention: bool = False
+        self,
+        n: int,
+        tokens_ptr: int,
+        pos: int,
+        pos_ptr: int = 0,
+        head: bool = True,
+        cluster_attention: bool = False,
+        final_norm: bool = True,
     ) -> tuple[list[Launch], list[tuple[Launch, int]]]:
         """Launches for ``n`` tokens at positions pos..pos+n-1, then the final norm of the last token into
-        ``xn`` and, with ``head``, the dense head and argmax.
+        ``xn`` (without ``head``, only with ``final_norm``) and, with ``head``, the dense head and argmax.
 
         ``pos_ptr``: device address of the position (0: the host value ``pos``). ``cluster_attention``: decode
         attention as attention_decode_cluster (the same bits, at any context; ``CudaEngine`` takes it for requests
@@ -467,7 +474,7 @@ class CudaModel:
             step = self.persistent.launch(pos_ptr, pos)
             launches.append(step)
             pos_args.append((step, 2))
-            launches += self._head(n) if head else self._head(n)[:1]
+            launches += self._tail(n, head, final_norm)
             return launches, pos_args
         for i, lw in enumerate(w.layers):
             # Decode (n == 1) fuses each RMSNorm into the GEMV that consumes it and the SwiGLU into the gate|up
@@ -537,8 +544,12 @@ class CudaModel:
                 ),
                 self._gemm(lw.down.ptr, self.act.ptr, 0, self.x.ptr, self.x.ptr, n, c.hidden_size, c.intermediate_size),
             ]
-        launches += self._head(n) if head else self._head(n)[:1]
+        launches += self._tail(n, head, final_norm)
         return launches, pos_args
+
+    def _tail(self, n: int, head: bool, final_norm: bool) -> list[Launch]:
+        """What follows the last layer: the final norm, head and argmax; the final norm alone; or nothing."""
+        return self._head(n) if head else self._head(n)[:1] if final_norm else []
 
     def _embed(self, n: int, tokens_ptr: int) -> Launch:
         """The embedding rows of the ``n`` tokens at ``tokens_ptr`` (0: the host argument 2) into ``x``."""
@@ -691,9 +702,10 @@ class CudaModel:
         )
 
     def step_launches(
-        self, token_ptr: int, pos_ptr: int, cluster_attention: bool = False
+        self, token_ptr: int, pos_ptr: int, cluster_attention: bool = False, final_norm: bool = True
     ) -> tuple[list[Launch], list[tuple[Launch, int]]]:
-        """One decode token's forward pass up to the final norm (into ``xn``), without a head.
+        """One decode token's forward pass up to the final norm (into ``xn``), without a head; without
+        ``final_norm``, up to the last layer (the sparse head normalises the row itself).
 
         Device-pointer form: ``token_ptr`` and ``pos_ptr`` hold the token and its position (a captured graph).
         Host-argument form (both 0): set the embedding's argument 2 to the token and the returned position
@@ -701,7 +713,13 @@ class CudaModel:
         persistent decode kernel has its own attention and ignores it).
         """
         return self._build(
-            1, tokens_ptr=token_ptr, pos=0, pos_ptr=pos_ptr, head=False, cluster_attention=cluster_attention
+            1,
+            tokens_ptr=token_ptr,
+            pos=0,
+            pos_ptr=pos_ptr,
+            head=False,
+            cluster_attention=cluster_attention,
+            final_norm=final_norm,
         )
 
     @property
@@ -715,8 +733,11 @@ class CudaModel:
             and self.max_prefill >= CHAIN_TOKENS
         )
 
-    def chain_launches(self, tokens_ptr: int, pos_ptr: int, count_ptr: int, cluster_attention: bool) -> list[Launch]:
-        """The forward pass of a forced chain up to the final norm of its last token (into ``xn``): the tokens at
+    def chain_launches(
+        self, tokens_ptr: int, pos_ptr: int, count_ptr: int, cluster_attention: bool, final_norm: bool = True
+    ) -> list[Launch]:
+        """The forward pass of a forced chain up to the final norm of its last token (into ``xn``; without
+        ``final_norm``, up to the last layer, row *count_ptr - 1 of ``x`` being the last token's): the tokens at
         ``tokens_ptr``, *``count_ptr`` of them (2 to CHAIN_TOKENS), from the position at ``pos_ptr`` (device
         memory, the step's control block). Each token's values are the bits of ``step_launches`` at its position.
         ``cluster_attention``: attention_decode_chain_cluster (the same bits)."""
@@ -727,6 +748,8 @@ class CudaModel:
         launches = [self._embed(CHAIN_TOKENS, tokens_ptr)]  # rows past the chain's are never read
         for i in range(c.num_layers):
             launches += self._decode_layer(i, pos_ptr, 0, cluster_attention, count_ptr)
+        if not final_norm:
+            return launches
         launches.append(
             Launch(
                 k("rmsnorm_last"),

@@ -4,7 +4,8 @@
     WHILE predicate:
         IF the step left a forced chain: the chain's forward pass (its tokens read from the control block)
         ELSE: the single token's forward pass (token and position read from the control block)
-        mask, head, step
+        head (the sparse head normalises the pass's last row itself: the passes end without the final norm
+        then), step (which ends with the next node's mask)
 
 Nothing in the body touches the host: the token, position, trie node, spent pointers and output live in device
 memory (the output in mapped host memory, which the host polls). The graph holds no grammar: the control block
@@ -50,10 +51,11 @@ class DecodeGraph:
             token_ptr=state.ctl.ptr + 4 * CTL["token"],
             pos_ptr=state.ctl.ptr + 4 * CTL["pos"],
             cluster_attention=cluster_attention,
+            final_norm=step.forward_norm,
         )
-        chain = state.chain_launches(model, cluster_attention) if chains else []
+        chain = state.chain_launches(model, cluster_attention, final_norm=step.forward_norm) if chains else []
         cond = cu.CUgraphConditionalNodeType
-        (body,), _ = self._conditional(self.graph, seed.launches, self.handle, cond.CU_GRAPH_COND_TYPE_WHILE)
+        (body,), _ = self._conditional(self.graph, seed.first, self.handle, cond.CU_GRAPH_COND_TYPE_WHILE)
         if chains:  # an IF node of size 2: the chain's pass when its handle is set, else the single token's
             (then, other), branch = self._conditional(body, [], chain_handle, cond.CU_GRAPH_COND_TYPE_IF, size=2)
             self._capture(then, chain)

@@ -11,7 +11,7 @@ from decoder_service.engines.cuda.step import CTL, StepLaunches, StepState
 
 class HostLoop:
     """Seed step, then per step: read the control block, launch the forward pass (the single token's in host form,
-    or a forced chain's, which reads its tokens from the control block), mask, head, step.
+    or a forced chain's, which reads its tokens from the control block), head, step (which masks the next node).
     ``cluster_attention``: as ``CudaModel.step_launches`` takes it; ``chains``: whether the step may leave chains."""
 
     def __init__(
@@ -20,13 +20,16 @@ class HostLoop:
         self.model = model
         self.state = state
         self.step = StepLaunches(model, state, dense)
-        self.forward, self.pos_args = model.step_launches(token_ptr=0, pos_ptr=0, cluster_attention=cluster_attention)
-        self.chain = state.chain_launches(model, cluster_attention) if chains else []
+        norm = self.step.forward_norm
+        self.forward, self.pos_args = model.step_launches(
+            token_ptr=0, pos_ptr=0, cluster_attention=cluster_attention, final_norm=norm
+        )
+        self.chain = state.chain_launches(model, cluster_attention, final_norm=norm) if chains else []
 
     def run(self) -> Iterator[None]:
         """Decode one answer, pausing after each step (the caller publishes pointers meanwhile)."""
         stream = self.model.stream
-        for launch in self.step.launches:
+        for launch in self.step.first:
             launch(stream)
         while True:
             ctl = self.state.read_ctl()

@@ -1,5 +1,6 @@
 """The grammar step on the device (cuda/trie_step.cuh): the sequence's control block, the published output,
-and the launches of one step (mask, head, step) that both decode loops issue.
+and the launches of one step (head, then step, which also masks the next node; the answer's first step begins
+with a mask of its own) that both decode loops issue.
 
 Layouts mirror the ``TT_*`` macros of cuda/trie_step.cuh; a test parses the header and checks them.
 """
@@ -178,15 +179,16 @@ class StepState:
             raise CudaError(f"the step log disagrees with the published tokens of pointer {pub.pointer}")
         return float(sum(float(v) for v in rows[:, 2].view(np.float32)))
 
-    def chain_launches(self, model: CudaModel, cluster_attention: bool) -> list[Launch]:
+    def chain_launches(self, model: CudaModel, cluster_attention: bool, final_norm: bool = True) -> list[Launch]:
         """``model``'s forward pass of the forced chain this control block names (its tokens, first position and
-        count), as both decode loops run it."""
+        count), as both decode loops run it; ``final_norm``: as ``CudaModel.chain_launches`` takes it."""
         ctl = self.ctl.ptr
         return model.chain_launches(
             tokens_ptr=ctl + 4 * CTL["chain"],
             pos_ptr=ctl + 4 * CTL["chain_pos"],
             count_ptr=ctl + 4 * CTL["nchain"],
             cluster_attention=cluster_attention,
+            final_norm=final_norm,
         )
 
     def published(self, start: int = 0) -> list[Published]:
@@ -206,9 +208,12 @@ class StepState:
 
 
 class StepLaunches:
-    """The launches of one grammar step after a forward pass: mask, head (sparse or dense), step. ``conds``: the
-    graph's conditional handles the step sets (the WHILE node's, and the IF node's that picks the chain's forward
-    pass over the single token's; zeros outside a graph)."""
+    """The launches of one grammar step after a forward pass: head (sparse or dense), then step, which ends with
+    the next node's mask; the answer's first step (``first``) begins with the mask of its first node. The sparse
+    head applies the final norm to the forward pass's last row itself, so the forward passes before it end without
+    one (``forward_norm``); the first step's head reads the prefill's normalised row. ``conds``: the graph's
+    conditional handles the step sets (the WHILE node's, and the IF node's that picks the chain's forward pass over
+    the single token's; zeros outside a graph)."""
 
     def __init__(self, model: CudaModel, state: StepState, dense: bool, conds: tuple[int, int] = (0, 0)) -> None:
         k, c = model.module.kernel, model.config
@@ -220,25 +225,33 @@ class StepLaunches:
             (TRIE_THREADS, 1, 1),
             [("ptr", state.ctl.ptr), ("ptr", state.cand.ptr), ("i32", state.cand_cap)],
         )
-        if dense:
-            self.head = model.dense_head()
-        else:
-            self.head = Launch(
+
+        def sparse_head(x: int, norm_w: int) -> Launch:
+            return Launch(
                 k("sparse_head"),
                 (HEAD_SLOTS, 1, 1),
                 (TRIE_THREADS, 1, 1),
                 [
                     ("ptr", model.weights.lm_head.ptr),
-                    ("ptr", model.xn.ptr),
+                    ("ptr", x),
                     ("ptr", state.ctl.ptr),
                     ("ptr", state.cand.ptr),
                     ("ptr", state.cand_logit.ptr),
                     ("i32", c.hidden_size),
                     ("i32", split),
+                    ("ptr", norm_w),
+                    ("f32", float(c.rms_norm_eps)),
                 ],
                 shared_bytes=c.hidden_size * F32,
                 label="sparse_head",
             )
+
+        self.forward_norm = dense
+        if dense:
+            self.first_head = self.head = model.dense_head()
+        else:
+            self.first_head = sparse_head(model.xn.ptr, 0)
+            self.head = sparse_head(model.x.ptr, model.weights.norm.ptr)
         self.step = Launch(
             k("trie_step"),
             (1, 1, 1),
@@ -256,5 +269,11 @@ class StepLaunches:
         )
 
     @property
+    def first(self) -> list[Launch]:
+        """The answer's first step, on the prefill's hidden state."""
+        return [self.mask, self.first_head, self.step]
+
+    @property
     def launches(self) -> list[Launch]:
-        return [self.mask, self.head, self.step]
+        """Every later step: the mask was made by the step before."""
+        return [self.head, self.step]

@@ -733,7 +733,10 @@ class FakeDriver:
 
     def k_trie_mask(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         assert grid == (1, 1, 1) and block[0] == 256
-        ctl = self._ctl(a.ctl)
+        self._mask(a, self._ctl(a.ctl))
+
+    def _mask(self, a: SimpleNamespace, ctl: np.ndarray) -> None:
+        """trie_mask_block: the live edges of ctl's node into cand."""
         if ctl[5] or ctl[6]:
             return
         w, n_nodes, term, edges = self._trie(ctl)
@@ -754,7 +757,12 @@ class FakeDriver:
             return
         n = int(ctl[9])
         rows = self.view(a.cand, np.int32, max(n, 1))[:n]
-        x = self.view(a.x, np.float32, a.K).astype(np.float64)
+        if a.norm_w:  # the final norm of the forward pass's last row, ctl[NCHAIN] - 1
+            row = max(int(ctl[20]), 1) - 1
+            x = self.view(a.x + 4 * row * a.K, np.float32, a.K).reshape(1, a.K)
+            x = ref.rmsnorm(x, self._bf16(a.norm_w, a.K), a.eps).ravel().astype(np.float32).astype(np.float64)
+        else:
+            x = self.view(a.x, np.float32, a.K).astype(np.float64)
         vocab = int(rows.max()) + 1 if n else 1
         bits = self.view(a.W, np.uint16, vocab * a.K).reshape(vocab, a.K)[rows[:256]]
         w = (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
@@ -766,6 +774,7 @@ class FakeDriver:
         out = self.view(a.out, np.int32, 8 + 16 * 136)
         if not (ctl[5] or ctl[6]):
             self._step(a, ctl, out)
+            self._mask(a, ctl)  # the next node's, before the loop predicate
         out[3], out[2], out[1] = ctl[7], ctl[6], int(bool(ctl[5] or ctl[6]))
         go = not (ctl[5] or ctl[6])
         if a.cond_loop:
