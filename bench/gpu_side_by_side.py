@@ -859,7 +859,7 @@ def render_markdown(result: dict[str, Any], env: list[str]) -> str:
         "",
         f"Model: {shape_text(result['model'])}; weights {result['model']['weights']}; "
         f"the Qwen3 tokenizer; k = {result['k']}; the first {result['intents']} intents of "
-        "`examples/eval/intents.jsonl`. Our engine: bf16 weights, fp32 activations and KV cache. transformers: bf16.",
+        "`examples/eval/intents.jsonl`. Our engine: bf16 weights and KV cache, fp32 activations. transformers: bf16.",
         "",
         "| catalog | tools | prompt | prefix tokens | request suffix (median) | trie max out-degree |",
         "| --- | --- | --- | --- | --- | --- |",
