@@ -244,14 +244,7 @@ __device__ __forceinline__ void pdec_stage_tagged(float4* xs4, const unsigned lo
         for (int i = 0; i < GEMV_STAGE_BATCH; ++i)
             if (const int e = threadIdx.x + i * PDEC_TEAM; e < k4) w[i] = w4[e];
         poll_tagged4_batch<GEMV_STAGE_BATCH>(v, words, threadIdx.x, PDEC_TEAM, k4, tag, sleep_ns);
-        float ss = 0.0f;
-#pragma unroll
-        for (int i = 0; i < GEMV_STAGE_BATCH; ++i)
-            if (threadIdx.x + i * PDEC_TEAM < k4) ss = fma_squares(v[i], ss);
-        const float inv = rms_inverse(block_sum<PDEC_TEAM>(ss, scratch), K, eps);
-#pragma unroll
-        for (int i = 0; i < GEMV_STAGE_BATCH; ++i)
-            if (const int e = threadIdx.x + i * PDEC_TEAM; e < k4) xs4[slot(e)] = rms_scale4(v[i], inv, w[i]);
+        rms_stage_batch<PDEC_TEAM>(xs4, v, w, k4, K, eps, scratch, slot);
     } else {
         constexpr int B = GEMV_STAGE_BATCH;  // float4s a thread polls at once
         const int rounds = (k4 + B * PDEC_TEAM - 1) / (B * PDEC_TEAM);  // the same for every thread

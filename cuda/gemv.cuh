@@ -28,6 +28,28 @@
 
 #define GEMV_STAGE_BATCH 4  // float4 loads per thread issued together while staging (all in flight at once)
 
+// A row that fits one batch of loads a thread (v: chunks e = threadIdx.x + i * TEAM's stride, w: their norm
+// weights), normalised into xs4[slot(e)]: the sum of squares in rms_sum_of_squares's partition and order
+// (chunks ascending per thread, components in order), then each chunk scaled. gemv_stage_input and the persistent
+// kernel's tagged staging load the row their own ways, then share this.
+template <int TEAM, class Slot>
+__device__ __forceinline__ void rms_stage_batch(float4* xs4, const float4 (&v)[GEMV_STAGE_BATCH],
+                                                const uint2 (&w)[GEMV_STAGE_BATCH], int k4, int K, float eps,
+                                                float* scratch, Slot slot) {
+    const int stride = team_size<TEAM>();
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
+        if (threadIdx.x + i * stride < k4) ss = fma_squares(v[i], ss);
+    }
+    const float inv = rms_inverse(block_sum<TEAM>(ss, scratch), K, eps);
+#pragma unroll
+    for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
+        const int e = threadIdx.x + i * stride;
+        if (e < k4) xs4[slot(e)] = rms_scale4(v[i], inv, w[i]);
+    }
+}
+
 // Writes the transformed input row to xs (K floats) and synchronises the block. Each thread owns float4 chunks
 // e = threadIdx.x + i * blockDim.x and issues GEMV_STAGE_BATCH of them before it uses any, so staging costs one
 // L2 round trip per batch rather than one per chunk. Every value is the same expression of the same inputs as
@@ -56,17 +78,7 @@ __device__ __forceinline__ void gemv_stage_input(float4* __restrict__ xs4, const
                 w[i] = w4[e];
             }
         }
-        float ss = 0.0f;
-#pragma unroll
-        for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
-            if (threadIdx.x + i * stride < k4) ss = fma_squares(v[i], ss);
-        }
-        const float inv = rms_inverse(block_sum<TEAM>(ss, scratch), K, eps);
-#pragma unroll
-        for (int i = 0; i < GEMV_STAGE_BATCH; ++i) {
-            const int e = threadIdx.x + i * stride;
-            if (e < k4) xs4[slot(e)] = rms_scale4(v[i], inv, w[i]);
-        }
+        rms_stage_batch<TEAM>(xs4, v, w, k4, K, eps, scratch, slot);
     } else if (x_mode == GEMV_IN_RMSNORM) {
         const float inv = rms_inverse(rms_sum_of_squares<CG, TEAM>(x4, k4, scratch), K, eps);
         const uint2* w4 = reinterpret_cast<const uint2*>(norm_w);  // 4 bf16 weights per float4 chunk
