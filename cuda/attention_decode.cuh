@@ -50,24 +50,35 @@ static_assert(ATTN_CLUSTER * ATTN_RECORD_FLOATS <= 2 * ATTN_MERGE_MAX_CHUNKS, "t
 // Loads the V values thread (g, d) sums next: column d of rows t0 + g + k * groups (k < ATTN_V_COL) of the chunk at
 // j0, where groups = ATTN_SPLIT_THREADS / head_dim threads share a column. A warp reads 32 consecutive columns of
 // one row per load (64 contiguous bytes); every load is issued before any is used. Rows past the chunk load its
-// first row (never used), which keeps every load unconditional; row `pos` (the new token, computed by this block)
-// comes from vnew.
-// PLAIN: the caller knows every row it loads lies inside the chunk, before row pos (no clamp, no new row).
+// first row (never used), which keeps every load unconditional. PLAIN: the caller knows every row it loads lies
+// inside the chunk (no clamp).
 template <bool PLAIN = false>
-__device__ __forceinline__ void attn_load_v_col(float (&v)[ATTN_V_COL], const kv_t* __restrict__ v_cache,
-                                                const float* vnew, int pos, int j0, int t0, int rows, int g, int d,
-                                                int groups, int kv_stride, int kvh, int head_dim) {
+__device__ __forceinline__ void attn_load_v_col_rows(float (&v)[ATTN_V_COL], const kv_t* __restrict__ v_cache, int j0,
+                                                     int t0, int rows, int g, int d, int groups, int kv_stride, int kvh,
+                                                     int head_dim) {
     const kv_t* base = v_cache + (size_t)j0 * kv_stride + kvh * head_dim + d;
 #pragma unroll
     for (int k = 0; k < ATTN_V_COL; ++k) {
         const int r = t0 + g + k * groups;
         v[k] = kv_load(base + (size_t)(PLAIN || r < rows ? r : 0) * kv_stride);
     }
-    if constexpr (!PLAIN) {
+}
+
+// Row `pos` (the new token, computed by this block) among attn_load_v_col_rows' values comes from vnew.
+__device__ __forceinline__ void attn_v_col_new_row(float (&v)[ATTN_V_COL], const float* vnew, int pos, int j0, int t0,
+                                                   int g, int d, int groups) {
 #pragma unroll
-        for (int k = 0; k < ATTN_V_COL; ++k)
-            if (j0 + t0 + g + k * groups == pos) v[k] = vnew[d];
-    }
+    for (int k = 0; k < ATTN_V_COL; ++k)
+        if (j0 + t0 + g + k * groups == pos) v[k] = vnew[d];
+}
+
+// attn_load_v_col_rows, then (unless PLAIN: every row before pos) the new row from vnew.
+template <bool PLAIN = false>
+__device__ __forceinline__ void attn_load_v_col(float (&v)[ATTN_V_COL], const kv_t* __restrict__ v_cache,
+                                                const float* vnew, int pos, int j0, int t0, int rows, int g, int d,
+                                                int groups, int kv_stride, int kvh, int head_dim) {
+    attn_load_v_col_rows<PLAIN>(v, v_cache, j0, t0, rows, g, d, groups, kv_stride, kvh, head_dim);
+    if constexpr (!PLAIN) attn_v_col_new_row(v, vnew, pos, j0, t0, g, d, groups);
 }
 
 // Requests K and V rows j0 .. j0 + rows - 1 of kv head kvh into L2: thread t takes 128-byte line t % lines of rows
@@ -315,17 +326,51 @@ struct AttnHeadsScratch {
     const float* vnew;
 };
 
+// The cache values of chunk c that attn_chunk_records_hd_form reduces (compile-time head_dim HD <= 128), loaded ahead
+// of it: lane l of warp w holds entries 4l .. 4l + 3 of the chunk's K rows w, w + 8, w + 16 and w + 24 as raw bf16
+// pairs, and thread (g, d) its first round of V values (attn_load_v_col_rows'). Rows past the chunk hold its first
+// row (never used); row pos holds whatever the cache had there until the reduction puts the new token's k and v in
+// its place. A block loads its first chunk so before the head's norm and rotation (attn_head_chunks).
+template <int HD>
+struct AttnChunkValues {
+    uint2 k[ATTN_ROWS_PER_WARP];
+    float v[ATTN_V_COL];
+};
+
+// Chunk c's values into x, clamped as attn_chunk_records_hd_form's own loads of a chunk that holds row pos: every
+// load issued, none used.
+template <int HD>
+__device__ __forceinline__ void attn_chunk_load_hd(AttnChunkValues<HD>& x, const kv_t* __restrict__ k_cache,
+                                                   const kv_t* __restrict__ v_cache, int kvh, int c, int rows,
+                                                   const AttnDims& d) {
+    constexpr int hd4 = HD / 4, groups = ATTN_SPLIT_THREADS / HD;
+    static_assert(hd4 <= TT_WARP, "one group of four entries a lane covers a K row");
+    const int kv_stride = d.n_kv_heads * HD, j0 = c * ATTN_CHUNK;
+    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP;
+    attn_load_v_col_rows(x.v, v_cache, j0, 0, rows, threadIdx.x / HD, threadIdx.x % HD, groups, kv_stride, kvh, HD);
+    const kv_t* kbase = k_cache + (size_t)j0 * kv_stride + kvh * HD;
+    if (lane < hd4) {
+#pragma unroll
+        for (int u = 0; u < ATTN_ROWS_PER_WARP; ++u) {
+            const int r = warp + u * ATTN_SPLIT_WARPS;
+            x.k[u] = reinterpret_cast<const uint2*>(kbase + (size_t)(r < rows ? r : 0) * kv_stride)[lane];
+        }
+    }
+}
+
 // attn_chunk_record for a compile-time head_dim HD and a block of ATTN_SPLIT_THREADS, head h0. Each product, sum,
 // weight and record is attn_chunk_record's, in its order (the same bits), with fewer instructions: the loops compile
 // for their exact trip counts; PLAIN chunks (wholly before row pos: every chunk but the context's last) load their
 // rows without clamps or the new row's substitution; the rows' warp sums trade halves (warp_sums_scattered); where
 // one round of V loads covers the chunk, each warp lays its weights out by thread group so that a thread reads its
-// rows' weights as float4s (docs/cuda-speed-notes.md #91). Ends with a barrier.
-template <int HD, bool PLAIN>
+// rows' weights as float4s (docs/cuda-speed-notes.md #91). EARLY: the chunk's K and V values are *early's
+// (attn_chunk_load_hd's), not loaded here. Ends with a barrier.
+template <int HD, bool PLAIN, bool EARLY = false>
 __device__ __forceinline__ void attn_chunk_records_hd_form(const kv_t* __restrict__ k_cache,
                                                            const kv_t* __restrict__ v_cache, const AttnRecords& to,
                                                            int h0, int c, int pos, const AttnDims& d,
-                                                           const AttnHeadsScratch& sh, int mark) {
+                                                           const AttnHeadsScratch& sh, int mark,
+                                                           const AttnChunkValues<HD>* early = nullptr) {
     constexpr int hd4 = HD / 4, groups = ATTN_SPLIT_THREADS / HD, col_rows = ATTN_V_COL * groups;
     constexpr int RW = ATTN_ROWS_PER_WARP;
     constexpr bool GROUPED = col_rows == ATTN_CHUNK;  // thread group g's weights at g * ATTN_V_COL ..
@@ -338,7 +383,12 @@ __device__ __forceinline__ void attn_chunk_records_hd_form(const kv_t* __restric
     const float4* q4 = reinterpret_cast<const float4*>(sh.q);
     const float4* knew4 = reinterpret_cast<const float4*>(sh.knew);
     float vcol[ATTN_V_COL];
-    attn_load_v_col<PLAIN>(vcol, v_cache, sh.vnew, pos, j0, 0, rows, g, dcol, groups, kv_stride, kvh, HD);
+    if constexpr (EARLY) {
+#pragma unroll
+        for (int k = 0; k < ATTN_V_COL; ++k) vcol[k] = early->v[k];
+        if constexpr (!PLAIN) attn_v_col_new_row(vcol, sh.vnew, pos, j0, 0, g, dcol, groups);
+    } else
+        attn_load_v_col<PLAIN>(vcol, v_cache, sh.vnew, pos, j0, 0, rows, g, dcol, groups, kv_stride, kvh, HD);
     float s[RW];
 #pragma unroll
     for (int u = 0; u < RW; ++u) s[u] = 0.0f;
@@ -349,7 +399,10 @@ __device__ __forceinline__ void attn_chunk_records_hd_form(const kv_t* __restric
 #pragma unroll
         for (int u = 0; u < RW; ++u) {
             const int r = warp + u * ATTN_SPLIT_WARPS;
-            k[u] = kv_load4(kbase + (size_t)(PLAIN || r < rows ? r : 0) * kv_stride, i);
+            if constexpr (EARLY)
+                k[u] = kv_unpack4(early->k[u]);  // i == lane: one group of four a lane covers a row
+            else
+                k[u] = kv_load4(kbase + (size_t)(PLAIN || r < rows ? r : 0) * kv_stride, i);
         }
         if (!PLAIN) {
 #pragma unroll
@@ -436,6 +489,42 @@ __device__ __forceinline__ void attn_chunk_record_for(const kv_t* __restrict__ k
             attn_chunk_records_hd_form<HD, false>(k_cache, v_cache, to, h, c, pos, d, scratch, mark);
     } else
         attn_chunk_record(k_cache, v_cache, to, h, c, pos, d, sh, mark);
+}
+
+// Head h's chunks c0, c0 + blocks, ... below n_chunks (this block's): attn_prepare_head, then each chunk's record.
+// EARLY (with a compile-time HD): chunk c0's K and V loads go out before the head's norm and rotation, so that their
+// round trip overlaps that work instead of following it (the same values in the same arithmetic: the same bits);
+// the L2 prefetch of c0's rows, which served the same end, is then left out. The rows before pos are final once the
+// wait is over (earlier steps wrote them; this launch writes row pos alone, which the reduction replaces by the new
+// token's). The cluster forms take it; the global-merge form measured slower with it (docs/cuda-speed-notes.md #114)
+// and keeps the prefetch.
+template <int HD, bool EARLY>
+__device__ __forceinline__ void attn_head_chunks(const float* qkv, bool q_has_norm, bool k_has_norm, float q_norm_d,
+                                                 float k_norm_d, kv_t* k_cache, kv_t* v_cache,
+                                                 const float* __restrict__ rope, int h, int pos, bool scores_pos,
+                                                 int c0, int n_chunks, int blocks, const AttnRecords& to,
+                                                 const AttnDims& d, AttnShared& sh, int mark) {
+    const int first_row = c0 * ATTN_CHUNK, first_rows = min(ATTN_CHUNK, pos + 1 - first_row);
+    if constexpr (HD > 0 && EARLY) {
+        AttnChunkValues<HD> first;
+        attn_chunk_load_hd<HD>(first, k_cache, v_cache, h / (d.n_heads / d.n_kv_heads), c0, first_rows, d);
+        attn_prepare_head<false>(qkv, q_has_norm, k_has_norm, q_norm_d, k_norm_d, k_cache, v_cache, rope, h, pos,
+                                 scores_pos, first_row, 0, d, sh, mark);
+        const AttnHeadsScratch scratch{sh.q, sh.p, &sh.weights[0][0], sh.red, sh.knew, sh.vnew};
+        constexpr bool can_be_plain = ATTN_V_COL * (ATTN_SPLIT_THREADS / HD) <= ATTN_CHUNK;
+        if (can_be_plain && (c0 + 1) * ATTN_CHUNK <= pos)  // uniform
+            attn_chunk_records_hd_form<HD, can_be_plain, true>(k_cache, v_cache, to, h, c0, pos, d, scratch, mark,
+                                                               &first);
+        else
+            attn_chunk_records_hd_form<HD, false, true>(k_cache, v_cache, to, h, c0, pos, d, scratch, mark, &first);
+        for (int c = c0 + blocks; c < n_chunks; c += blocks)  // uniform across the block
+            attn_chunk_record_for<HD>(k_cache, v_cache, to, h, c, pos, d, sh, mark);
+    } else {
+        attn_prepare_head<false>(qkv, q_has_norm, k_has_norm, q_norm_d, k_norm_d, k_cache, v_cache, rope, h, pos,
+                                 scores_pos, first_row, first_rows, d, sh, mark);
+        for (int c = c0; c < n_chunks; c += blocks)  // uniform across the block
+            attn_chunk_record_for<HD>(k_cache, v_cache, to, h, c, pos, d, sh, mark);
+    }
 }
 
 // The merge of attn_count_and_merge up to ATTN_MERGE_SPLIT chunks: every chunk's (m, l) into shared memory and each
@@ -673,13 +762,9 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
         if (blockIdx.y >= (in_cluster ? ATTN_CLUSTER : working)) return;
         float* records = &merge_ml[0][0];
         if ((int)blockIdx.y < n_chunks) {
-            const int first_row = (int)blockIdx.y * ATTN_CHUNK;
-            attn_prepare_head<false>(qkv, q_norm != nullptr, k_norm != nullptr, q_norm_d, k_norm_d, k_cache, v_cache,
-                                     rope, h, pos, scores_pos, first_row, min(ATTN_CHUNK, length - first_row), d, sh,
-                                     mark);
-            for (int c = blockIdx.y; c < n_chunks; c += blocks)  // uniform across the block
-                attn_chunk_record_for<HD>(k_cache, v_cache, AttnRecords{partial, records, in_cluster}, h, c, pos, d, sh,
-                                          mark);
+            attn_head_chunks<HD, true>(qkv, q_norm != nullptr, k_norm != nullptr, q_norm_d, k_norm_d, k_cache,
+                                       v_cache, rope, h, pos, scores_pos, blockIdx.y, n_chunks, blocks,
+                                       AttnRecords{partial, records, in_cluster}, d, sh, mark);
         }
         if (!in_cluster) {
             attn_count_and_merge(partial, out, done, h, n_chunks, working, d, sh, merge_ml[0], merge_ml[1], mark);
@@ -697,11 +782,9 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
         return;
     }
     if (blockIdx.y >= working) return;
-    const int first_row = (int)blockIdx.y * ATTN_CHUNK;
-    attn_prepare_head<false>(qkv, q_norm != nullptr, k_norm != nullptr, q_norm_d, k_norm_d, k_cache, v_cache, rope, h,
-                             pos, scores_pos, first_row, min(ATTN_CHUNK, length - first_row), d, sh, mark);
-    for (int c = blockIdx.y; c < n_chunks; c += blocks)  // uniform across the block
-        attn_chunk_record_for<HD>(k_cache, v_cache, AttnRecords{partial, nullptr, false}, h, c, pos, d, sh, mark);
+    attn_head_chunks<HD, false>(qkv, q_norm != nullptr, k_norm != nullptr, q_norm_d, k_norm_d, k_cache, v_cache,
+                                rope, h, pos, scores_pos, blockIdx.y, n_chunks, blocks,
+                                AttnRecords{partial, nullptr, false}, d, sh, mark);
     attn_count_and_merge(partial, out, done, h, n_chunks, working, d, sh, merge_ml[0], merge_ml[1], mark);
 }
 

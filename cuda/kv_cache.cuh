@@ -18,9 +18,13 @@ __device__ __forceinline__ kv_t kv_from_float(float v) {
 
 __device__ __forceinline__ float kv_load(const kv_t* p) { return bf16_to_float(*p); }
 
-// Entries 4i .. 4i + 3 from p (8-byte aligned), in one load.
-__device__ __forceinline__ float4 kv_load4(const kv_t* p, size_t i) {
-    const uint2 w = reinterpret_cast<const uint2*>(p)[i];
+// Four entries as one 8-byte word holds them.
+__device__ __forceinline__ float4 kv_unpack4(uint2 w) {
     return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xFFFF0000u), __uint_as_float(w.y << 16),
                        __uint_as_float(w.y & 0xFFFF0000u));
+}
+
+// Entries 4i .. 4i + 3 from p (8-byte aligned), in one load.
+__device__ __forceinline__ float4 kv_load4(const kv_t* p, size_t i) {
+    return kv_unpack4(reinterpret_cast<const uint2*>(p)[i]);
 }

@@ -703,6 +703,7 @@ def _decode_attention_args(
         (16, 1500, False, False),
         (128, 2047, True, True),
         (128, 63, True, True),
+        (128, 64, True, False),  # row pos alone in its chunk: the rows past it load the chunk's first row
         (256, 100, False, True),  # two rounds of V loads per chunk
     ],
 )
