@@ -19,7 +19,8 @@
 //   708 (docs/cuda-speed-notes.md #65, #66), so the host takes it only for requests that stay within ATTN_CLUSTER
 //   chunks (unless TOOLTRIE_CLUSTER_ATTENTION=0); it is correct at any context (past ATTN_CLUSTER chunks it takes
 //   the counter and global records).
-// attention_decode_hd128 and attention_decode_cluster_hd128 are the same bodies compiled for head_dim 128.
+// attention_decode_hd128 and attention_decode_cluster_hd128 (and the _hd64 forms) are the same bodies compiled for
+// head_dim 128 (64).
 // The new token's k and v (row pos) are computed by every block whose chunk holds pos, together with its q by
 // head_norm_rope_pair (each value bit-identical to the prefill kernel's head_norm_rope_values), and used from shared
 // memory as the bf16 cache holds them (kv_cache.cuh); the first q head of each kv group writes them to the caches.
@@ -806,7 +807,7 @@ extern "C" __global__ void __cluster_dims__(1, ATTN_CLUSTER, 1) __launch_bounds_
     attention_decode_body<true>(ATTN_DECODE_ARGS);
 }
 
-// attention_decode and attention_decode_cluster compiled for head_dim 128 (the same bits, fewer instructions).
+// attention_decode and attention_decode_cluster compiled for head_dim 128 and 64 (the same bits, fewer instructions).
 extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3) attention_decode_hd128(ATTN_DECODE_PARAMS) {
     attention_decode_body<false, 128>(ATTN_DECODE_ARGS);
 }
@@ -814,6 +815,15 @@ extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3) attention_de
 extern "C" __global__ void __cluster_dims__(1, ATTN_CLUSTER, 1) __launch_bounds__(ATTN_SPLIT_THREADS, 3)
     attention_decode_cluster_hd128(ATTN_DECODE_PARAMS) {
     attention_decode_body<true, 128>(ATTN_DECODE_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3) attention_decode_hd64(ATTN_DECODE_PARAMS) {
+    attention_decode_body<false, 64>(ATTN_DECODE_ARGS);
+}
+
+extern "C" __global__ void __cluster_dims__(1, ATTN_CLUSTER, 1) __launch_bounds__(ATTN_SPLIT_THREADS, 3)
+    attention_decode_cluster_hd64(ATTN_DECODE_PARAMS) {
+    attention_decode_body<true, 64>(ATTN_DECODE_ARGS);
 }
 
 // A forced chain's tokens (*count of them, 2 or more, at positions *pos_ptr .. *pos_ptr + *count - 1; their raw
@@ -875,7 +885,7 @@ extern "C" __global__ void __cluster_dims__(1, ATTN_CLUSTER, 1) __launch_bounds_
     attention_decode_chain_body<true>(ATTN_CHAIN_ARGS);
 }
 
-// The chain forms compiled for head_dim 128 (the same bits, fewer instructions).
+// The chain forms compiled for head_dim 128 and 64 (the same bits, fewer instructions).
 extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3) attention_decode_chain_hd128(ATTN_CHAIN_PARAMS) {
     attention_decode_chain_body<false, 128>(ATTN_CHAIN_ARGS);
 }
@@ -883,4 +893,13 @@ extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3) attention_de
 extern "C" __global__ void __cluster_dims__(1, ATTN_CLUSTER, 1) __launch_bounds__(ATTN_SPLIT_THREADS, 3)
     attention_decode_chain_cluster_hd128(ATTN_CHAIN_PARAMS) {
     attention_decode_chain_body<true, 128>(ATTN_CHAIN_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3) attention_decode_chain_hd64(ATTN_CHAIN_PARAMS) {
+    attention_decode_chain_body<false, 64>(ATTN_CHAIN_ARGS);
+}
+
+extern "C" __global__ void __cluster_dims__(1, ATTN_CLUSTER, 1) __launch_bounds__(ATTN_SPLIT_THREADS, 3)
+    attention_decode_chain_cluster_hd64(ATTN_CHAIN_PARAMS) {
+    attention_decode_chain_body<true, 64>(ATTN_CHAIN_ARGS);
 }

@@ -87,7 +87,7 @@ ATTN_CLUSTER = 8
 # TOOLTRIE_CHAIN_ATTENTION_BLOCKS overrides the count, to tune another GPU (the bits never depend on it).
 ATTN_CHAIN_BLOCKS = 24
 CLUSTER_ATTENTION_POSITIONS = ATTN_CLUSTER * ATTN_CHUNK
-ATTN_COMPILED_HEAD_DIM = 128  # attention_decode_hd128 and attention_decode_cluster_hd128
+ATTN_COMPILED_HEAD_DIMS = (64, 128)  # attention_decode_hd128, attention_decode_cluster_hd64, ...
 ATTN_STATIC_SHARED = 33_920  # attention's static shared memory (ptxas -v)
 MAX_SHARED_PER_BLOCK = 227 * 1024
 ARGMAX_THREADS = 1024
@@ -122,10 +122,10 @@ def attention_blocks_per_head(max_chunks: int, cluster: bool = False) -> int:
 
 
 def decode_attention_kernel(head_dim: int, cluster: bool = False, chain: bool = False) -> str:
-    """The decode attention kernel a launch takes: attention_decode[_chain][_cluster], compiled for head_dim
-    ATTN_COMPILED_HEAD_DIM where the model has it (``_hd128``: the same bits, fewer instructions)."""
+    """The decode attention kernel a launch takes: attention_decode[_chain][_cluster], compiled for the model's
+    head_dim where it is one of ATTN_COMPILED_HEAD_DIMS (``_hd128``, ``_hd64``: the same bits, fewer instructions)."""
     name = "attention_decode" + ("_chain" if chain else "") + ("_cluster" if cluster else "")
-    return f"{name}_hd{head_dim}" if head_dim == ATTN_COMPILED_HEAD_DIM else name
+    return f"{name}_hd{head_dim}" if head_dim in ATTN_COMPILED_HEAD_DIMS else name
 
 
 def chain_attention_blocks(max_chunks: int, cluster: bool) -> int:
@@ -411,7 +411,7 @@ class CudaModel:
             "attention_decode_cluster",
             "attention_decode_chain",
             "attention_decode_chain_cluster",
-        ):  # not the _hd128 forms: no faster with it (docs/cuda-speed-notes.md #82)
+        ):  # not the compiled _hd forms: no faster with it (docs/cuda-speed-notes.md #82)
             module.kernel(name).prefer_max_shared()
         self.sms = sms
         for tokens in GEMM_MMA_TOKENS:

@@ -280,7 +280,12 @@ class FakeDriver:
 
     def _run(self, f: str, args: dict, grid: tuple, block: tuple, shared: int) -> None:
         self.launches.append(f)
-        getattr(self, "k_" + f)(SimpleNamespace(**args), grid, block, shared)
+        a = SimpleNamespace(**args)
+        compiled = re.fullmatch(r"(attention_decode\w*)_hd(\d+)", f)
+        if compiled:  # a form compiled for one head_dim: the generic kernel's values, for that head_dim only
+            assert a.head_dim == int(compiled[2]), f"{f} launched for head_dim {a.head_dim}"
+            f = compiled[1]
+        getattr(self, "k_" + f)(a, grid, block, shared)
 
     # -- graphs: a list of launches per graph; a WHILE node runs its body while its handle's value is set ----
     CU_GRAPH_COND_ASSIGN_DEFAULT = 1
@@ -565,14 +570,6 @@ class FakeDriver:
         assert abs(a.scale - a.head_dim**-0.5) < 1e-6
         self._decode_attention(a, self._pos(a), a.k_cache, a.v_cache, a.q_norm, a.k_norm, a.out)
 
-    def k_attention_decode_hd128(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
-        assert a.head_dim == 128
-        self.k_attention_decode(a, grid, block, shared)
-
-    def k_attention_decode_cluster_hd128(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
-        assert a.head_dim == 128
-        self.k_attention_decode_cluster(a, grid, block, shared)
-
     def k_attention_chain_rows(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         hd, h, kv = a.head_dim, a.n_heads, a.n_kv_heads
         assert grid[0] == 4 and grid[1] == kv and block[0] == max(32, hd)
@@ -599,16 +596,6 @@ class FakeDriver:
     def k_attention_decode_chain_cluster(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         assert grid[1] % ATTN_CLUSTER == 0, f"{grid[1]} blocks a head are not whole clusters of {ATTN_CLUSTER}"
         self.k_attention_decode_chain(a, grid, block, shared)
-
-    def k_attention_decode_chain_hd128(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
-        assert a.head_dim == 128
-        self.k_attention_decode_chain(a, grid, block, shared)
-
-    def k_attention_decode_chain_cluster_hd128(
-        self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int
-    ) -> None:
-        assert a.head_dim == 128
-        self.k_attention_decode_chain_cluster(a, grid, block, shared)
 
     def k_rmsnorm_last(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         assert grid == (1, 1, 1)

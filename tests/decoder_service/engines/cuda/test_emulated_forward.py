@@ -48,7 +48,7 @@ def test_emulated_model_matches_transformers(fake_driver: FakeDriver, shape: str
     from decoder_service.engines.cuda.module import Module
 
     cfg = SHAPES[shape]
-    attention = decode_attention_kernel(cfg.head_dim)  # the hd128 shape takes the kernel compiled for it
+    attention = decode_attention_kernel(cfg.head_dim)  # head_dim 64 and 128 take the kernels compiled for them
     hf_model, weights = build_reference(cfg, seed=7)
     model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8, decode_kernel=decode_kernel)
     prompt = [(3 * i * i + 11 * i + 5) % cfg.vocab_size for i in range(13)]

@@ -14,6 +14,7 @@ import pytest
 from decoder_service.engines.cpu.kv_cache import round_to_bf16
 from decoder_service.engines.cuda.forward import (
     ATTN_CHUNK,
+    ATTN_COMPILED_HEAD_DIMS,
     GSTREAM_THREADS,
     gemv_groups,
     gemv_stream_shared,
@@ -704,6 +705,8 @@ def _decode_attention_args(
         (128, 2047, True, True),
         (128, 63, True, True),
         (128, 64, True, False),  # row pos alone in its chunk: the rows past it load the chunk's first row
+        (64, 200, True, True),  # head_dim 64 (SmolLM2): within the cluster merge, then past it
+        (64, 1100, False, True),
         (256, 100, False, True),  # two rounds of V loads per chunk
     ],
 )
@@ -735,8 +738,9 @@ def test_decode_attention(
         ("attention_decode_cluster", 16),
         ("attention_decode_cluster", 8),
     ]
-    if hd == 128:  # compiled for head_dim 128
-        runs += [("attention_decode_hd128", 16), ("attention_decode_hd128", 3), ("attention_decode_cluster_hd128", 8)]
+    if hd in ATTN_COMPILED_HEAD_DIMS:  # compiled for this head_dim
+        runs += [(f"attention_decode_hd{hd}", 16), (f"attention_decode_hd{hd}", 3)]
+        runs.append((f"attention_decode_cluster_hd{hd}", 8))
     for kernel, blocks in runs:
         kb, vb, out = dev.put(k_bits), dev.put(v_bits), dev.poisoned(heads * hd)
         bufs = {"qkv": qb.ptr, "q_norm": qn_ptr, "k_norm": kn_ptr, "k": kb.ptr, "v": vb.ptr}
@@ -793,7 +797,7 @@ def test_decode_attention(
 
 
 @pytest.mark.parametrize(
-    ("hd", "pos0", "count"), [(128, 700, 4), (128, 100, 3), (128, 1500, 3), (64, 1500, 2), (16, 60, 4)]
+    ("hd", "pos0", "count"), [(128, 700, 4), (128, 100, 3), (128, 1500, 3), (64, 1500, 2), (64, 150, 3), (16, 60, 4)]
 )
 def test_decode_attention_chain_gives_each_token_a_single_steps_bits(
     dev: Device, rng: np.random.Generator, hd: int, pos0: int, count: int
@@ -829,8 +833,8 @@ def test_decode_attention_chain_gives_each_token_a_single_steps_bits(
     runs = [("attention_decode_chain", 24), ("attention_decode_chain", 96), ("attention_decode_chain", 5)]
     if pos0 + count <= 8 * ATTN_CHUNK:  # the cluster merge holds up to 8 chunks
         runs.append(("attention_decode_chain_cluster", 8))
-    if hd == 128:
-        runs += [(f"{kernel}_hd128", blocks) for kernel, blocks in runs]
+    if hd in ATTN_COMPILED_HEAD_DIMS:
+        runs += [(f"{kernel}_hd{hd}", blocks) for kernel, blocks in runs]
     pos_ptr = dev.put(np.array([pos0], dtype=np.int32)).ptr
     count_ptr = dev.put(np.array([count], dtype=np.int32)).ptr
     qkv_b = dev.put(qkv).ptr
