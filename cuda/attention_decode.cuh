@@ -332,7 +332,6 @@ struct AttnHeadsScratch {
 // pairs, and thread (g, d) its first round of V values (attn_load_v_col_rows'). Rows past the chunk hold its first
 // row (never used); row pos holds whatever the cache had there until the reduction puts the new token's k and v in
 // its place. A block loads its first chunk so before the head's norm and rotation (attn_head_chunks).
-template <int HD>
 struct AttnChunkValues {
     uint2 k[ATTN_ROWS_PER_WARP];
     float v[ATTN_V_COL];
@@ -341,7 +340,7 @@ struct AttnChunkValues {
 // Chunk c's values into x, clamped as attn_chunk_records_hd_form's own loads of a chunk that holds row pos: every
 // load issued, none used.
 template <int HD>
-__device__ __forceinline__ void attn_chunk_load_hd(AttnChunkValues<HD>& x, const kv_t* __restrict__ k_cache,
+__device__ __forceinline__ void attn_chunk_load_hd(AttnChunkValues& x, const kv_t* __restrict__ k_cache,
                                                    const kv_t* __restrict__ v_cache, int kvh, int c, int rows,
                                                    const AttnDims& d) {
     constexpr int hd4 = HD / 4, groups = ATTN_SPLIT_THREADS / HD;
@@ -371,7 +370,7 @@ __device__ __forceinline__ void attn_chunk_records_hd_form(const kv_t* __restric
                                                            const kv_t* __restrict__ v_cache, const AttnRecords& to,
                                                            int h0, int c, int pos, const AttnDims& d,
                                                            const AttnHeadsScratch& sh, int mark,
-                                                           const AttnChunkValues<HD>* early = nullptr) {
+                                                           const AttnChunkValues* early = nullptr) {
     constexpr int hd4 = HD / 4, groups = ATTN_SPLIT_THREADS / HD, col_rows = ATTN_V_COL * groups;
     constexpr int RW = ATTN_ROWS_PER_WARP;
     constexpr bool GROUPED = col_rows == ATTN_CHUNK;  // thread group g's weights at g * ATTN_V_COL ..
@@ -477,17 +476,22 @@ __device__ __forceinline__ void attn_chunk_records_hd_form(const kv_t* __restric
     __syncthreads();  // p, weights and red are reused by the next chunk; the records are written
 }
 
-template <int HD>
+// Chunk c's record: attn_chunk_records_hd_form (in its PLAIN form where the chunk allows it) with a compile-time
+// head_dim, else attn_chunk_record. EARLY (HD > 0 only): on the values attn_chunk_load_hd put in *early.
+template <int HD, bool EARLY = false>
 __device__ __forceinline__ void attn_chunk_record_for(const kv_t* __restrict__ k_cache,
                                                       const kv_t* __restrict__ v_cache, const AttnRecords& to, int h,
-                                                      int c, int pos, const AttnDims& d, AttnShared& sh, int mark) {
+                                                      int c, int pos, const AttnDims& d, AttnShared& sh, int mark,
+                                                      const AttnChunkValues* early = nullptr) {
+    static_assert(HD > 0 || !EARLY, "early values serve the compiled forms");
     if constexpr (HD > 0) {
         constexpr bool can_be_plain = ATTN_V_COL * (ATTN_SPLIT_THREADS / HD) <= ATTN_CHUNK;
         const AttnHeadsScratch scratch{sh.q, sh.p, &sh.weights[0][0], sh.red, sh.knew, sh.vnew};
         if (can_be_plain && (c + 1) * ATTN_CHUNK <= pos)  // uniform
-            attn_chunk_records_hd_form<HD, can_be_plain>(k_cache, v_cache, to, h, c, pos, d, scratch, mark);
+            attn_chunk_records_hd_form<HD, can_be_plain, EARLY>(k_cache, v_cache, to, h, c, pos, d, scratch, mark,
+                                                                early);
         else
-            attn_chunk_records_hd_form<HD, false>(k_cache, v_cache, to, h, c, pos, d, scratch, mark);
+            attn_chunk_records_hd_form<HD, false, EARLY>(k_cache, v_cache, to, h, c, pos, d, scratch, mark, early);
     } else
         attn_chunk_record(k_cache, v_cache, to, h, c, pos, d, sh, mark);
 }
@@ -507,17 +511,11 @@ __device__ __forceinline__ void attn_head_chunks(const float* qkv, bool q_has_no
                                                  const AttnDims& d, AttnShared& sh, int mark) {
     const int first_row = c0 * ATTN_CHUNK, first_rows = min(ATTN_CHUNK, pos + 1 - first_row);
     if constexpr (HD > 0 && EARLY) {
-        AttnChunkValues<HD> first;
+        AttnChunkValues first;
         attn_chunk_load_hd<HD>(first, k_cache, v_cache, h / (d.n_heads / d.n_kv_heads), c0, first_rows, d);
         attn_prepare_head<false>(qkv, q_has_norm, k_has_norm, q_norm_d, k_norm_d, k_cache, v_cache, rope, h, pos,
                                  scores_pos, first_row, 0, d, sh, mark);
-        const AttnHeadsScratch scratch{sh.q, sh.p, &sh.weights[0][0], sh.red, sh.knew, sh.vnew};
-        constexpr bool can_be_plain = ATTN_V_COL * (ATTN_SPLIT_THREADS / HD) <= ATTN_CHUNK;
-        if (can_be_plain && (c0 + 1) * ATTN_CHUNK <= pos)  // uniform
-            attn_chunk_records_hd_form<HD, can_be_plain, true>(k_cache, v_cache, to, h, c0, pos, d, scratch, mark,
-                                                               &first);
-        else
-            attn_chunk_records_hd_form<HD, false, true>(k_cache, v_cache, to, h, c0, pos, d, scratch, mark, &first);
+        attn_chunk_record_for<HD, true>(k_cache, v_cache, to, h, c0, pos, d, sh, mark, &first);
         for (int c = c0 + blocks; c < n_chunks; c += blocks)  // uniform across the block
             attn_chunk_record_for<HD>(k_cache, v_cache, to, h, c, pos, d, sh, mark);
     } else {
