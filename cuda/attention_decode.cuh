@@ -526,6 +526,32 @@ __device__ __forceinline__ void attn_head_chunks(const float* qkv, bool q_has_no
     }
 }
 
+// The merges' weights: exp(m_c - mx) in place of each chunk's max m_c in shared memory, each computed once, by one
+// thread, rather than by every thread that sums an output element (an expf is a dozen dependent instructions, and
+// inside a branch a chunk, a 68-chunk run took about 6 µs on an H200). Ends with a barrier.
+template <int TEAM>
+__device__ __forceinline__ void attn_merge_weights(float* merge_m, int n_chunks, float mx) {
+    for (int c = threadIdx.x; c < n_chunks; c += team_size<TEAM>()) merge_m[c] = expf(merge_m[c] - mx);
+    team_sync<TEAM>();
+}
+
+// A batch of the merge in ascending chunk order: lsum += l_c w_c and a += v_c w_c, one fma each, for the batch's
+// chunks below `count` (vals: their values, 0 past count). Past count l and w are taken as 0, which adds +0 to sums
+// that are never -0 (they start at +0, and under round-to-nearest only -0 + -0 gives -0), so the loop needs no
+// branch and the sums' bits are those of skipping those chunks.
+__device__ __forceinline__ void attn_merge_batch(const float (&vals)[ATTN_MERGE_BATCH], const float* w,
+                                                 const float* l, int count, float& lsum, float& a) {
+#pragma unroll
+    for (int j = 0; j < ATTN_MERGE_BATCH; ++j) {
+        const int k = min(j, count - 1);  // loads of entries in the batch, never skipped: they go out together
+        const float wk = w[k], lk = l[k];
+        const bool in = j < count;
+        const float wj = in ? wk : 0.0f, lj = in ? lk : 0.0f;
+        lsum = fmaf(lj, wj, lsum);
+        a = fmaf(vals[j], wj, a);
+    }
+}
+
 // The merge of attn_count_and_merge up to ATTN_MERGE_SPLIT chunks: every chunk's (m, l) into shared memory and each
 // output element's first ATTN_MERGE_BATCH chunk values into registers, in one round of loads; later chunks' values
 // in batches. The merge arithmetic runs in ascending chunk order. ph: head h's records.
@@ -543,9 +569,11 @@ __device__ __forceinline__ void attn_merge_serial(const float* ph, Store store, 
     }
     team_sync<TEAM>();
     TT_MARK(mark + 11);
+    float mx = -INFINITY;
+    for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, merge_m[c]);
+    team_sync<TEAM>();  // every thread has its max before the maxima become weights
+    attn_merge_weights<TEAM>(merge_m, n_chunks, mx);
     if (active) {
-        float mx = -INFINITY;
-        for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, merge_m[c]);
         float lsum = 0.0f, a = 0.0f;
         for (int c0 = 0; c0 < n_chunks; c0 += ATTN_MERGE_BATCH) {
             if (c0 > 0) {
@@ -553,14 +581,7 @@ __device__ __forceinline__ void attn_merge_serial(const float* ph, Store store, 
                 for (int j = 0; j < ATTN_MERGE_BATCH; ++j)
                     vals[j] = c0 + j < n_chunks ? __ldcg(ph + (c0 + j) * (head_dim + 2) + 2 + threadIdx.x) : 0.0f;
             }
-#pragma unroll
-            for (int j = 0; j < ATTN_MERGE_BATCH; ++j) {
-                if (c0 + j < n_chunks) {
-                    const float w = expf(merge_m[c0 + j] - mx);
-                    lsum = fmaf(merge_l[c0 + j], w, lsum);
-                    a = fmaf(vals[j], w, a);
-                }
-            }
+            attn_merge_batch(vals, merge_m + c0, merge_l + c0, n_chunks - c0, lsum, a);
         }
         store(h * head_dim + threadIdx.x, a / lsum);
     }
@@ -593,6 +614,7 @@ __device__ __forceinline__ void attn_merge_split(const float* ph, Store store, i
     }
     mx = block_max<TEAM>(mx, sh.scratch);  // its barriers also publish merge_m and merge_l
     TT_MARK(mark + 11);
+    attn_merge_weights<TEAM>(merge_m, n_chunks, mx);  // no thread reads the maxima any more
     float lsum = 0.0f, a = 0.0f;
     if (merging) {
         for (int c0 = c_begin; c0 < c_end; c0 += ATTN_MERGE_BATCH) {
@@ -601,14 +623,7 @@ __device__ __forceinline__ void attn_merge_split(const float* ph, Store store, i
                 for (int j = 0; j < ATTN_MERGE_BATCH; ++j)
                     vals[j] = c0 + j < c_end ? __ldcg(ph + (c0 + j) * (head_dim + 2) + 2 + e) : 0.0f;
             }
-#pragma unroll
-            for (int j = 0; j < ATTN_MERGE_BATCH; ++j) {
-                if (c0 + j < c_end) {
-                    const float w = expf(merge_m[c0 + j] - mx);
-                    lsum = fmaf(merge_l[c0 + j], w, lsum);
-                    a = fmaf(vals[j], w, a);
-                }
-            }
+            attn_merge_batch(vals, merge_m + c0, merge_l + c0, c_end - c0, lsum, a);
         }
         sh.red[threadIdx.x] = a;
         if (e == 0) sh.scratch[32 + part] = lsum;
@@ -692,19 +707,24 @@ __device__ __forceinline__ float* AttnRecords::at(int h, int c, const AttnDims& 
                    : partial + ((size_t)h * d.max_chunks + c) * (d.head_dim + 2);
 }
 
-// out[h * head_dim + d] from the n_chunks records of head h at records[c * stride] (this block's shared memory):
-// attn_count_and_merge's arithmetic, in its order.
+// out[h * head_dim + d] from the n_chunks (at most ATTN_CLUSTER) records of head h at records[c * stride] (this
+// block's shared memory): attn_count_and_merge's arithmetic, in its order.
 __device__ __forceinline__ void attn_merge_local(const float* records, int stride, float* __restrict__ out, int h,
                                                  int n_chunks, int head_dim) {
     if (threadIdx.x >= head_dim) return;
     float mx = -INFINITY;
     for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, records[c * stride]);
     float lsum = 0.0f, a = 0.0f;
-    for (int c = 0; c < n_chunks; ++c) {
-        const float* rec = records + c * stride;
-        const float w = expf(rec[0] - mx);
-        lsum = fmaf(rec[1], w, lsum);
-        a = fmaf(rec[2 + threadIdx.x], w, a);
+    // Unrolled over the table's ATTN_CLUSTER rows with no branch, so that the weights' expf chains overlap; the rows
+    // past n_chunks add +0 (as in attn_merge_batch).
+#pragma unroll
+    for (int c = 0; c < ATTN_CLUSTER; ++c) {
+        const bool in = c < n_chunks;
+        const float* rec = records + min(c, n_chunks - 1) * stride;
+        const float m = rec[0], l = rec[1], v = rec[2 + threadIdx.x];
+        const float w = in ? expf(m - mx) : 0.0f;
+        lsum = fmaf(in ? l : 0.0f, w, lsum);
+        a = fmaf(in ? v : 0.0f, w, a);
     }
     out[h * head_dim + threadIdx.x] = a / lsum;
 }
