@@ -783,7 +783,7 @@ def goals(result: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                         f">= {GOAL_HF_RATIO:.0f}x faster than transformers static cache + compile with the mask "
                         f"({how})",
                         name,
-                        f"{ratio:.1f}x",
+                        f"{ratio:.2f}x",
                         "yes" if ratio >= GOAL_HF_RATIO else "no",
                     )
                 )
