@@ -25,7 +25,11 @@ sys.path.insert(0, str(REPO))
 from decoder_service.engines.cuda.driver import Stream, cuda_available  # noqa: E402
 from decoder_service.engines.cuda.module import Module  # noqa: E402
 from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random  # noqa: E402
-from tests.decoder_service.engines.cuda.test_kernels_gpu import _decode_attention_args, rope_table  # noqa: E402
+from tests.decoder_service.engines.cuda.test_kernels_gpu import (  # noqa: E402
+    _chain_rows_args,
+    _decode_attention_args,
+    rope_table,
+)
 
 F32 = np.float32
 HEADS, KV_HEADS, CONTEXT, CHAIN_TOKENS = 16, 8, 4864, 4
@@ -73,9 +77,8 @@ def run_kernels(
         pos_ptr = dev.put(np.array([pos0], dtype=np.int32)).ptr
         count_ptr = dev.put(np.array([CHAIN_TOKENS], dtype=np.int32)).ptr
         qkv_ptr = dev.put(qkv).ptr
-        rows_args = [("ptr", qkv_ptr), ("ptr", kn), ("ptr", kb.ptr), ("ptr", vb.ptr), ("ptr", pos_ptr)]
-        rows_args += [("ptr", count_ptr), ("i32", HEADS), ("i32", KV_HEADS), ("i32", hd), ("ptr", table)]
-        rows_args.append(("f32", 1e-6))
+        rows = {"qkv": qkv_ptr, "k_norm": kn, "k": kb.ptr, "v": vb.ptr, "pos": pos_ptr, "count": count_ptr}
+        rows_args = _chain_rows_args(rows, HEADS, KV_HEADS, hd, table, 1e-6)
         dev.launch("attention_chain_rows", (CHAIN_TOKENS, KV_HEADS, 1), (max(32, hd), 1, 1), rows_args)
         bufs = {"qkv": qkv_ptr, "q_norm": qn, "k_norm": kn, "k": kb.ptr, "v": vb.ptr}
         bufs |= {"partial": part.ptr, "out": out.ptr, "done": done.ptr, "pos": pos_ptr}

@@ -696,6 +696,21 @@ def _decode_attention_args(
     ]
 
 
+def _chain_rows_args(
+    buffers: dict[str, int], heads: int, kv: int, hd: int, table: int, eps: float
+) -> list[tuple[str, object]]:
+    """attention_chain_rows' arguments (buffers: qkv, k_norm, k, v, pos and count)."""
+    names = ("qkv", "k_norm", "k", "v", "pos", "count")
+    return [
+        *[("ptr", buffers[n]) for n in names],
+        ("i32", heads),
+        ("i32", kv),
+        ("i32", hd),
+        ("ptr", table),
+        ("f32", eps),
+    ]
+
+
 @pytest.mark.parametrize(
     ("hd", "pos0", "device_pos", "qk_norm"),
     [
@@ -840,23 +855,12 @@ def test_decode_attention_chain_gives_each_token_a_single_steps_bits(
     qkv_b = dev.put(qkv).ptr
     for kernel, blocks in runs:
         kb, vb, out = dev.put(k_cache), dev.put(v_cache), dev.poisoned(tokens * heads * hd)
+        rows_bufs = {"qkv": qkv_b, "k_norm": kn.ptr, "k": kb.ptr, "v": vb.ptr, "pos": pos_ptr, "count": count_ptr}
         dev.launch(
             "attention_chain_rows",
             (tokens, kv, 1),
             (max(32, hd), 1, 1),
-            [
-                ("ptr", qkv_b),
-                ("ptr", kn.ptr),
-                ("ptr", kb.ptr),
-                ("ptr", vb.ptr),
-                ("ptr", pos_ptr),
-                ("ptr", count_ptr),
-                ("i32", heads),
-                ("i32", kv),
-                ("i32", hd),
-                ("ptr", table),
-                ("f32", 1e-6),
-            ],
+            _chain_rows_args(rows_bufs, heads, kv, hd, table, 1e-6),
         )
         bufs = {"qkv": qkv_b, "q_norm": qn.ptr, "k_norm": kn.ptr, "k": kb.ptr, "v": vb.ptr}
         bufs |= {"partial": part.ptr, "out": out.ptr, "done": done.ptr, "pos": pos_ptr}
