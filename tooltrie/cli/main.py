@@ -8,6 +8,7 @@ from tooltrie.cli.catalog import catalog
 from tooltrie.cli.decoder import decode, decoder
 from tooltrie.cli.registry import registry
 from tooltrie.cli.up import up
+from tooltrie.cubin_kernels import cuda_compare_command
 from tooltrie.cuda_build import cuda_build_command
 
 
@@ -25,10 +26,11 @@ main.add_command(decode)
 
 @main.group()
 def cuda() -> None:
-    """Build the CUDA kernels."""
+    """Build the CUDA kernels, and compare two builds kernel by kernel."""
 
 
 cuda.add_command(cuda_build_command)
+cuda.add_command(cuda_compare_command)
 
 
 @main.group()
