@@ -552,6 +552,17 @@ __device__ __forceinline__ void attn_merge_batch(const float (&vals)[ATTN_MERGE_
     }
 }
 
+// Values of output element e of chunks c0 .. c0 + ATTN_MERGE_BATCH - 1 (head records ph), 0 for chunks from c_end on
+// or where !load. Index: e's type as the caller has it (an unsigned threadIdx.x taken as an int changed the
+// attention kernels' machine code).
+template <class Index>
+__device__ __forceinline__ void attn_merge_load_values(float (&vals)[ATTN_MERGE_BATCH], const float* ph, int c0,
+                                                       int c_end, int head_dim, Index e, bool load = true) {
+#pragma unroll
+    for (int j = 0; j < ATTN_MERGE_BATCH; ++j)
+        vals[j] = load && c0 + j < c_end ? __ldcg(ph + (c0 + j) * (head_dim + 2) + 2 + e) : 0.0f;
+}
+
 // The merge of attn_count_and_merge up to ATTN_MERGE_SPLIT chunks: every chunk's (m, l) into shared memory and each
 // output element's first ATTN_MERGE_BATCH chunk values into registers, in one round of loads; later chunks' values
 // in batches. The merge arithmetic runs in ascending chunk order. ph: head h's records.
@@ -560,9 +571,7 @@ __device__ __forceinline__ void attn_merge_serial(const float* ph, Store store, 
                                                   float* merge_m, float* merge_l, int mark) {
     const bool active = threadIdx.x < head_dim;
     float vals[ATTN_MERGE_BATCH];
-#pragma unroll
-    for (int j = 0; j < ATTN_MERGE_BATCH; ++j)
-        vals[j] = active && j < n_chunks ? __ldcg(ph + j * (head_dim + 2) + 2 + threadIdx.x) : 0.0f;
+    attn_merge_load_values(vals, ph, 0, n_chunks, head_dim, threadIdx.x, active);
     for (int c = threadIdx.x; c < n_chunks; c += team_size<TEAM>()) {
         merge_m[c] = __ldcg(ph + c * (head_dim + 2));
         merge_l[c] = __ldcg(ph + c * (head_dim + 2) + 1);
@@ -576,11 +585,7 @@ __device__ __forceinline__ void attn_merge_serial(const float* ph, Store store, 
     if (active) {
         float lsum = 0.0f, a = 0.0f;
         for (int c0 = 0; c0 < n_chunks; c0 += ATTN_MERGE_BATCH) {
-            if (c0 > 0) {
-#pragma unroll
-                for (int j = 0; j < ATTN_MERGE_BATCH; ++j)
-                    vals[j] = c0 + j < n_chunks ? __ldcg(ph + (c0 + j) * (head_dim + 2) + 2 + threadIdx.x) : 0.0f;
-            }
+            if (c0 > 0) attn_merge_load_values(vals, ph, c0, n_chunks, head_dim, threadIdx.x);
             attn_merge_batch(vals, merge_m + c0, merge_l + c0, n_chunks - c0, lsum, a);
         }
         store(h * head_dim + threadIdx.x, a / lsum);
@@ -603,9 +608,7 @@ __device__ __forceinline__ void attn_merge_split(const float* ph, Store store, i
     const int c_begin = min(n_chunks, part * per_part), c_end = min(n_chunks, c_begin + per_part);
     const bool merging = part < parts;  // false only past parts * head_dim threads (head_dim 96)
     float vals[ATTN_MERGE_BATCH];
-#pragma unroll
-    for (int j = 0; j < ATTN_MERGE_BATCH; ++j)
-        vals[j] = merging && c_begin + j < c_end ? __ldcg(ph + (c_begin + j) * (head_dim + 2) + 2 + e) : 0.0f;
+    attn_merge_load_values(vals, ph, c_begin, c_end, head_dim, e, merging);
     float mx = -INFINITY;
     for (int c = threadIdx.x; c < n_chunks; c += team_size<TEAM>()) {
         merge_m[c] = __ldcg(ph + c * (head_dim + 2));
@@ -618,11 +621,7 @@ __device__ __forceinline__ void attn_merge_split(const float* ph, Store store, i
     float lsum = 0.0f, a = 0.0f;
     if (merging) {
         for (int c0 = c_begin; c0 < c_end; c0 += ATTN_MERGE_BATCH) {
-            if (c0 > c_begin) {
-#pragma unroll
-                for (int j = 0; j < ATTN_MERGE_BATCH; ++j)
-                    vals[j] = c0 + j < c_end ? __ldcg(ph + (c0 + j) * (head_dim + 2) + 2 + e) : 0.0f;
-            }
+            if (c0 > c_begin) attn_merge_load_values(vals, ph, c0, c_end, head_dim, e);
             attn_merge_batch(vals, merge_m + c0, merge_l + c0, c_end - c0, lsum, a);
         }
         sh.red[threadIdx.x] = a;
