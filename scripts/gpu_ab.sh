@@ -7,8 +7,8 @@
 #
 # Each revision is exported (git archive) under $OUT/trees, its cubin built there, and its own
 # bench/gpu_forward.py run for every prompt length, the revisions interleaved round by round. Prints and writes
-# ($OUT/ab.md) the step time (graph replay of one unconstrained decode step, Qwen3-1.7B shape) and the marginal
-# cost of each of the first two layers' launches.
+# ($OUT/ab.md) the step time (graph replay of one unconstrained decode step, Qwen3-1.7B shape), the marginal
+# cost of each of the first two layers' launches, and which kernels' machine code differs from the first revision's.
 # Environment: OUT (default build/gpu-ab), PROMPTS (default "200 708"), ROUNDS (default 1), ARGS (more
 # bench/gpu_forward.py arguments, for example "--weights fp8"), and any TOOLTRIE_* setting, which every revision sees.
 set -uo pipefail
@@ -46,6 +46,14 @@ done
 for tree in "${trees[@]}"; do
   (cd "$tree" && PYTHONPATH=. "$PY" -c "from tooltrie.cuda_build import build_cubin; print('built', build_cubin('cuda/build'))") ||
     exit 1
+done
+
+# Which kernels each change reached, against the first revision (by this checkout's compare: exit 1 = some differ).
+for i in "${!trees[@]}"; do
+  [ "$i" -eq 0 ] && continue
+  PYTHONPATH="$ROOT" "$PY" -c "from tooltrie.cubin_kernels import cuda_compare_command as c; c()" \
+    "${trees[0]}/cuda/build/tooltrie.cubin" "${trees[$i]}/cuda/build/tooltrie.cubin" > "$OUT/kernels_${i}.txt"
+  [ $? -le 1 ] || { echo "comparing the cubins failed: see $OUT/kernels_${i}.txt" >&2; exit 1; }
 done
 
 for round in $(seq "$ROUNDS"); do
@@ -86,6 +94,11 @@ for (i, prompt), rs in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0]))
     prefix = rs[0].get("prefix_marginal_us", [])[1:11]
     cells = ", ".join(f"{p['launch']} {p['us']:.1f}" for p in prefix)
     lines.append(f"- {labels[i]} at {prompt} tokens: {step:.4f} ms ({len(rs)} rounds); {cells}")
+lines += ["", f"Machine code against {labels[0]} (`tooltrie cuda compare`):", ""]
+for i, label in enumerate(labels[1:], start=1):
+    report = (out / f"kernels_{i}.txt").read_text().splitlines()
+    changed = [line.split(":")[0] for line in report if ": differs" in line or ": only in" in line]
+    lines.append(f"- {label}: {report[-1]}" + (f" ({', '.join(changed)})" if changed else ""))
 text = "\n".join(lines) + "\n"
 (out / "ab.md").write_text(text)
 print(text)
