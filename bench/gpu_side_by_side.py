@@ -59,6 +59,7 @@ from decoder_service.engines.prompt import prepare_catalog, request_suffix_ids  
 from decoder_service.models.config import ModelConfig  # noqa: E402
 from decoder_service.models.hf_config import config_to_hf  # noqa: E402
 from decoder_service.models.synth import PRESETS, QWEN3_CHAT_TEMPLATE  # noqa: E402
+from tests.decoder_service.engines.hf_cache import cache_argument  # noqa: E402
 from tooltrie.grammar import GrammarState, load_tokenizer  # noqa: E402
 from tooltrie.grammar.trie import CompiledTrie  # noqa: E402
 
@@ -401,13 +402,9 @@ class HfRunner:
     """``generate`` with the trie processor; static mode reuses one StaticCache (reset before every call)."""
 
     def __init__(self, model: Any, device: str) -> None:
-        import inspect
-
         self.model, self.device = model, device
         self.masks = MaskCache(device)
-        # transformers 5 names the cache argument ``cache`` (``past_key_values`` deprecated); 4.x ``past_key_values``.
-        params = inspect.signature(type(model).forward).parameters
-        self.cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.cache_arg = cache_argument(model)
 
     def sync(self) -> None:
         import torch

@@ -27,6 +27,7 @@ from decoder_service.engines.cpu.sampler import greedy_pick  # noqa: E402
 from decoder_service.engines.prompt import request_suffix_ids  # noqa: E402
 from decoder_service.model_runtime import load_runtime  # noqa: E402
 from decoder_service.models.loader import embedded_model_path  # noqa: E402
+from tests.decoder_service.engines.hf_cache import cache_argument  # noqa: E402
 from tooltrie.grammar import GrammarState  # noqa: E402
 
 CATALOG = REPO / "examples" / "catalogs" / "workplace.json"
@@ -36,10 +37,12 @@ INTENTS = REPO / "examples" / "eval" / "intents.jsonl"
 def hf_greedy(hf, prompt: list[int], catalog, k: int) -> list[str]:  # type: ignore[no-untyped-def]
     """Our greedy rule (legal argmax, ties to the lower id) on transformers' logits, with a KV cache."""
     import torch
+    from transformers import DynamicCache
 
     state, names = GrammarState(catalog.trie, k), []
+    cache = {cache_argument(hf): DynamicCache(), "use_cache": True}  # filled in place, token by token
     with torch.no_grad():
-        out = hf(torch.tensor([prompt]), use_cache=True)
+        out = hf(torch.tensor([prompt]), **cache)
         while not state.done:
             logits = out.logits[0, -1].numpy()
             legal = state.legal_tokens()
@@ -48,7 +51,7 @@ def hf_greedy(hf, prompt: list[int], catalog, k: int) -> list[str]:  # type: ign
             if pointer is not None:
                 names.append(catalog.trie.names[pointer])
             if not state.done:
-                out = hf(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+                out = hf(torch.tensor([[token]]), **cache)
     return names
 
 

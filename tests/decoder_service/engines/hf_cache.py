@@ -22,8 +22,13 @@ def bf16_kv_cache() -> Any:
     return Bf16KVCache()
 
 
+def cache_argument(model: Any) -> str:
+    """The keyword that gives ``model``'s forward (and ``generate``) a KV cache: transformers 5.2x names it ``cache``
+    (``past_key_values`` deprecated, to be removed), earlier releases ``past_key_values``. Read off the class, so a
+    compiled forward's wrapper does not hide it."""
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
 def with_bf16_kv_cache(model: Any) -> dict[str, Any]:
-    """The keyword arguments that give ``model``'s forward a bf16_kv_cache: transformers 5.2x names it ``cache``,
-    earlier releases ``past_key_values``."""
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    return {name: bf16_kv_cache(), "use_cache": True}
+    """The keyword arguments that give ``model``'s forward a bf16_kv_cache."""
+    return {cache_argument(model): bf16_kv_cache(), "use_cache": True}
