@@ -3,12 +3,11 @@
 A cubin is an ELF file; kernel K's machine code is section ``.text.K`` and its relocations ``.rel(a).text.K``; the
 ``.nv.info`` section holds attributes, among them each kernel's register count (EIATTR_REGCOUNT) by symbol index.
 Comparing two cubins kernel by kernel tells which kernels a source change reached: a kernel whose code and
-relocations are the same runs the same instructions, so its earlier GPU timings and bit checks still stand.
+relocations are the same runs the same instructions as before, so its bit checks still hold for it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,13 +33,6 @@ class KernelCode:
     relocations: tuple[tuple[int, int, str, int], ...]  # (offset, type, symbol, addend)
     registers: int
 
-    @property
-    def digest(self) -> str:
-        """A short hash of the code and its resolved relocations."""
-        h = hashlib.sha256(self.code)
-        h.update(repr(self.relocations).encode())
-        return h.hexdigest()[:12]
-
     def same_code(self, other: KernelCode) -> bool:
         return (self.code, self.relocations) == (other.code, other.relocations)
 
@@ -52,22 +44,19 @@ class _Section:
     offset: int
     size: int
     link: int
-    info: int
 
 
 def _c_string(table: bytes, at: int) -> str:
     return table[at : table.index(b"\0", at)].decode()
 
 
-def _sections(data: bytes, path: Path) -> list[_Section]:
-    if data[:4] != _ELF_MAGIC or data[4] != 2 or data[5] != 1:
-        raise ValueError(f"{path} is not a 64-bit little-endian ELF file (a cubin built with nvcc -cubin)")
+def _sections(data: bytes) -> list[_Section]:
     (shoff,) = struct.unpack_from("<Q", data, 0x28)
     entsize, count, names_index = struct.unpack_from("<HHH", data, 0x3A)
     raw = [_SECTION_HEADER.unpack_from(data, shoff + i * entsize) for i in range(count)]
     names = raw[names_index]
     strings = data[names[4] : names[4] + names[5]]
-    return [_Section(_c_string(strings, s[0]), s[1], s[4], s[5], s[6], s[7]) for s in raw]
+    return [_Section(_c_string(strings, s[0]), s[1], s[4], s[5], s[6]) for s in raw]
 
 
 def _symbol_names(data: bytes, sections: list[_Section]) -> list[str]:
@@ -111,10 +100,19 @@ def _relocations(data: bytes, section: _Section, symbols: list[str]) -> list[tup
 
 
 def read_kernels(cubin: Path | str) -> dict[str, KernelCode]:
-    """Every kernel in the cubin, by name."""
+    """Every kernel in the cubin, by name. Raises ValueError for a file that is not a whole cubin."""
     path = Path(cubin)
     data = path.read_bytes()
-    sections = _sections(data, path)
+    if data[:4] != _ELF_MAGIC or len(data) < 64 or data[4] != 2 or data[5] != 1:
+        raise ValueError(f"{path} is not a 64-bit little-endian ELF file (a cubin built with nvcc -cubin)")
+    try:
+        return _kernels(data)
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is a truncated or damaged ELF file ({exc})") from exc
+
+
+def _kernels(data: bytes) -> dict[str, KernelCode]:
+    sections = _sections(data)
     symbols = _symbol_names(data, sections)
     by_name = {s.name: s for s in sections}
     registers = _register_counts(data, sections, symbols)

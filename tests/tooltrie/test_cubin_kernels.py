@@ -89,3 +89,12 @@ def test_a_file_that_is_not_a_cubin_is_refused_with_what_was_expected(tmp_path: 
     result = CliRunner().invoke(main, ["cuda", "compare", str(bogus), str(bogus)])
     assert result.exit_code == 1
     assert "is not a 64-bit little-endian ELF file" in result.output
+
+
+@needs_nvcc
+def test_a_truncated_cubin_is_refused_not_misread(tmp_path: Path) -> None:
+    whole = build(tmp_path, "whole", SCALE).read_bytes()
+    cut = tmp_path / "cut.cubin"
+    cut.write_bytes(whole[: len(whole) // 2])  # the section headers sit at the end
+    with pytest.raises(ValueError, match="truncated or damaged"):
+        read_kernels(cut)
