@@ -48,7 +48,7 @@ for tree in "${trees[@]}"; do
     exit 1
 done
 
-# Which kernels each change reached, against the first revision (by this checkout's compare: exit 1 = some differ).
+# The kernels each change reached, against the first revision (this checkout's compare; 1: some differ, 2: error).
 for i in "${!trees[@]}"; do
   [ "$i" -eq 0 ] && continue
   PYTHONPATH="$ROOT" "$PY" -c "from tooltrie.cubin_kernels import cuda_compare_command as c; c()" \

@@ -165,11 +165,13 @@ def compare_cubins(before: Path | str, after: Path | str) -> list[KernelChange]:
 def cuda_compare_command(before: Path, after: Path, show_all: bool) -> None:
     """Name the kernels whose machine code differs between two cubins.
 
-    Exits 1 if any kernel differs or is in one cubin only, 0 if all run the same code (as cmp does)."""
+    Exits 0 if all run the same code, 1 if any kernel differs or is in one cubin only, 2 if a file is not a cubin
+    (as cmp does)."""
     try:
         changes = compare_cubins(before, after)
     except ValueError as exc:
-        raise click.ClickException(str(exc)) from exc
+        click.echo(f"Error: {exc}", err=True)
+        raise SystemExit(2) from exc
     for change in changes:
         if show_all or not change.same:
             click.echo(change.describe())
