@@ -45,6 +45,9 @@ ATTN_PROBES = [
     "counted in",
     "merge inputs loaded",
     "merge done",
+    # Inside the global merge (the cluster merge has neither): between "merge inputs loaded" and "merge done".
+    "merge weights ready",
+    "merge sums done",
 ]
 GEMV_PROBES = ["entry", "after pdl wait", "input staged", "rows done"]
 GEMV_SLOT = 6144

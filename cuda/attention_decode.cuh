@@ -40,7 +40,7 @@ static_assert(ATTN_CHUNK == TT_WARP, "each warp's softmax takes one score a lane
 #define ATTN_V_COL 16                // V values a thread holds in registers at a time
 #define ATTN_MERGE_BATCH 16          // chunk values per output element loaded together by the merge
 #define ATTN_MERGE_SPLIT (2 * ATTN_MERGE_BATCH)  // past this many chunks the merge splits them over the block's threads
-#define ATTN_TRACE_PROBES 13         // TT_MARK probes per block (-DTT_TRACE; bench/gpu_trace_attention.py names them)
+#define ATTN_TRACE_PROBES 15         // TT_MARK probes per block (-DTT_TRACE; bench/gpu_trace_attention.py names them)
 // Chunks the merge holds: 65,536 positions. The host's max_context is bounded lower, by the prefill attention's
 // shared memory (one score per position: about 49,600), so this is never the limit.
 #define ATTN_MERGE_MAX_CHUNKS 2048
@@ -582,12 +582,14 @@ __device__ __forceinline__ void attn_merge_serial(const float* ph, Store store, 
     for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, merge_m[c]);
     team_sync<TEAM>();  // every thread has its max before the maxima become weights
     attn_merge_weights<TEAM>(merge_m, n_chunks, mx);
+    TT_MARK(mark + 13);
     if (active) {
         float lsum = 0.0f, a = 0.0f;
         for (int c0 = 0; c0 < n_chunks; c0 += ATTN_MERGE_BATCH) {
             if (c0 > 0) attn_merge_load_values(vals, ph, c0, n_chunks, head_dim, threadIdx.x);
             attn_merge_batch(vals, merge_m + c0, merge_l + c0, n_chunks - c0, lsum, a);
         }
+        TT_MARK(mark + 14);
         store(h * head_dim + threadIdx.x, a / lsum);
     }
 }
@@ -618,6 +620,7 @@ __device__ __forceinline__ void attn_merge_split(const float* ph, Store store, i
     mx = block_max<TEAM>(mx, sh.scratch);  // its barriers also publish merge_m and merge_l
     TT_MARK(mark + 11);
     attn_merge_weights<TEAM>(merge_m, n_chunks, mx);  // no thread reads the maxima any more
+    TT_MARK(mark + 13);
     float lsum = 0.0f, a = 0.0f;
     if (merging) {
         for (int c0 = c_begin; c0 < c_end; c0 += ATTN_MERGE_BATCH) {
@@ -628,6 +631,7 @@ __device__ __forceinline__ void attn_merge_split(const float* ph, Store store, i
         if (e == 0) sh.scratch[32 + part] = lsum;
     }
     team_sync<TEAM>();
+    TT_MARK(mark + 14);
     if (threadIdx.x < head_dim) {
         a = sh.red[threadIdx.x];
         lsum = sh.scratch[32];
