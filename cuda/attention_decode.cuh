@@ -526,25 +526,30 @@ __device__ __forceinline__ void attn_head_chunks(const float* qkv, bool q_has_no
     }
 }
 
-// The merges' weights: exp(m_c - mx) in place of each chunk's max m_c in shared memory, each computed once, by one
-// thread, rather than by every thread that sums an output element (an expf is a dozen dependent instructions, and
-// inside a branch a chunk, a 68-chunk run took about 6 µs on an H200). Ends with a barrier.
+// The merges' table in shared memory: chunk c's (m_c, l_c) side by side, so that the sums read a chunk's pair with
+// one 8-byte load (two 4-byte loads a chunk made the merge's loop wait on shared-memory instructions,
+// docs/cuda-speed-notes.md #123). 8-byte aligned, n_chunks pairs.
+//
+// The merges' weights: exp(m_c - mx) in place of each chunk's m_c in the table, each computed once, by one thread,
+// rather than by every thread that sums an output element (an expf is a dozen dependent instructions, and inside a
+// branch a chunk, a 68-chunk run took about 6 µs on an H200). Ends with a barrier.
 template <int TEAM>
-__device__ __forceinline__ void attn_merge_weights(float* merge_m, int n_chunks, float mx) {
-    for (int c = threadIdx.x; c < n_chunks; c += team_size<TEAM>()) merge_m[c] = expf(merge_m[c] - mx);
+__device__ __forceinline__ void attn_merge_weights(float2* table, int n_chunks, float mx) {
+    for (int c = threadIdx.x; c < n_chunks; c += team_size<TEAM>()) table[c].x = expf(table[c].x - mx);
     team_sync<TEAM>();
 }
 
 // A batch of the merge in ascending chunk order: lsum += l_c w_c and a += v_c w_c, one fma each, for the batch's
-// chunks below `count` (vals: their values, 0 past count). Past count l and w are taken as 0, which adds +0 to sums
-// that are never -0 (they start at +0, and under round-to-nearest only -0 + -0 gives -0), so the loop needs no
-// branch and the sums' bits are those of skipping those chunks.
-__device__ __forceinline__ void attn_merge_batch(const float (&vals)[ATTN_MERGE_BATCH], const float* w,
-                                                 const float* l, int count, float& lsum, float& a) {
+// chunks below `count` (vals: their values, 0 past count; wl: the batch's (w_c, l_c) in the table). Past count l and
+// w are taken as 0, which adds +0 to sums that are never -0 (they start at +0, and under round-to-nearest only
+// -0 + -0 gives -0), so the loop needs no branch and the sums' bits are those of skipping those chunks.
+__device__ __forceinline__ void attn_merge_batch(const float (&vals)[ATTN_MERGE_BATCH], const float2* wl, int count,
+                                                 float& lsum, float& a) {
 #pragma unroll
     for (int j = 0; j < ATTN_MERGE_BATCH; ++j) {
         const int k = min(j, count - 1);  // loads of entries in the batch, never skipped: they go out together
-        const float wk = w[k], lk = l[k];
+        const float2 t = wl[k];
+        const float wk = t.x, lk = t.y;
         const bool in = j < count;
         const float wj = in ? wk : 0.0f, lj = in ? lk : 0.0f;
         lsum = fmaf(lj, wj, lsum);
@@ -563,31 +568,29 @@ __device__ __forceinline__ void attn_merge_load_values(float (&vals)[ATTN_MERGE_
         vals[j] = load && c0 + j < c_end ? __ldcg(ph + (c0 + j) * (head_dim + 2) + 2 + e) : 0.0f;
 }
 
-// The merge of attn_count_and_merge up to ATTN_MERGE_SPLIT chunks: every chunk's (m, l) into shared memory and each
+// The merge of attn_count_and_merge up to ATTN_MERGE_SPLIT chunks: every chunk's (m, l) into the table and each
 // output element's first ATTN_MERGE_BATCH chunk values into registers, in one round of loads; later chunks' values
 // in batches. The merge arithmetic runs in ascending chunk order. ph: head h's records.
 template <int TEAM, class Store>
 __device__ __forceinline__ void attn_merge_serial(const float* ph, Store store, int h, int n_chunks, int head_dim,
-                                                  float* merge_m, float* merge_l, int mark) {
+                                                  float2* table, int mark) {
     const bool active = threadIdx.x < head_dim;
     float vals[ATTN_MERGE_BATCH];
     attn_merge_load_values(vals, ph, 0, n_chunks, head_dim, threadIdx.x, active);
-    for (int c = threadIdx.x; c < n_chunks; c += team_size<TEAM>()) {
-        merge_m[c] = __ldcg(ph + c * (head_dim + 2));
-        merge_l[c] = __ldcg(ph + c * (head_dim + 2) + 1);
-    }
+    for (int c = threadIdx.x; c < n_chunks; c += team_size<TEAM>())
+        table[c] = make_float2(__ldcg(ph + c * (head_dim + 2)), __ldcg(ph + c * (head_dim + 2) + 1));
     team_sync<TEAM>();
     TT_MARK(mark + 11);
     float mx = -INFINITY;
-    for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, merge_m[c]);
+    for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, table[c].x);
     team_sync<TEAM>();  // every thread has its max before the maxima become weights
-    attn_merge_weights<TEAM>(merge_m, n_chunks, mx);
+    attn_merge_weights<TEAM>(table, n_chunks, mx);
     TT_MARK(mark + 13);
     if (active) {
         float lsum = 0.0f, a = 0.0f;
         for (int c0 = 0; c0 < n_chunks; c0 += ATTN_MERGE_BATCH) {
             if (c0 > 0) attn_merge_load_values(vals, ph, c0, n_chunks, head_dim, threadIdx.x);
-            attn_merge_batch(vals, merge_m + c0, merge_l + c0, n_chunks - c0, lsum, a);
+            attn_merge_batch(vals, table + c0, n_chunks - c0, lsum, a);
         }
         TT_MARK(mark + 14);
         store(h * head_dim + threadIdx.x, a / lsum);
@@ -602,7 +605,7 @@ __device__ __forceinline__ void attn_merge_serial(const float* ph, Store store, 
 // one such form measured slower at 708 positions (#76).
 template <int TEAM, class Store>
 __device__ __forceinline__ void attn_merge_split(const float* ph, Store store, int h, int n_chunks, int head_dim,
-                                                 AttnShared& sh, float* merge_m, float* merge_l, int mark) {
+                                                 AttnShared& sh, float2* table, int mark) {
     // at most 16 (head_dim >= 16): sh.scratch[32 ..] holds their l
     const int parts = (int)team_size<TEAM>() / head_dim;
     const int part = threadIdx.x / head_dim, e = threadIdx.x % head_dim;
@@ -613,19 +616,19 @@ __device__ __forceinline__ void attn_merge_split(const float* ph, Store store, i
     attn_merge_load_values(vals, ph, c_begin, c_end, head_dim, e, merging);
     float mx = -INFINITY;
     for (int c = threadIdx.x; c < n_chunks; c += team_size<TEAM>()) {
-        merge_m[c] = __ldcg(ph + c * (head_dim + 2));
-        merge_l[c] = __ldcg(ph + c * (head_dim + 2) + 1);
-        mx = fmaxf(mx, merge_m[c]);
+        const float m = __ldcg(ph + c * (head_dim + 2));
+        table[c] = make_float2(m, __ldcg(ph + c * (head_dim + 2) + 1));
+        mx = fmaxf(mx, m);
     }
-    mx = block_max<TEAM>(mx, sh.scratch);  // its barriers also publish merge_m and merge_l
+    mx = block_max<TEAM>(mx, sh.scratch);  // its barriers also publish the table
     TT_MARK(mark + 11);
-    attn_merge_weights<TEAM>(merge_m, n_chunks, mx);  // no thread reads the maxima any more
+    attn_merge_weights<TEAM>(table, n_chunks, mx);  // no thread reads the maxima any more
     TT_MARK(mark + 13);
     float lsum = 0.0f, a = 0.0f;
     if (merging) {
         for (int c0 = c_begin; c0 < c_end; c0 += ATTN_MERGE_BATCH) {
             if (c0 > c_begin) attn_merge_load_values(vals, ph, c0, c_end, head_dim, e);
-            attn_merge_batch(vals, merge_m + c0, merge_l + c0, c_end - c0, lsum, a);
+            attn_merge_batch(vals, table + c0, c_end - c0, lsum, a);
         }
         sh.red[threadIdx.x] = a;
         if (e == 0) sh.scratch[32 + part] = lsum;
@@ -645,8 +648,8 @@ __device__ __forceinline__ void attn_merge_split(const float* ph, Store store, i
 
 // Counts this block's records of head h in (`arrivals` of `done[h]`'s `expected`); the block that brings the count to
 // `expected` merges the head's n_chunks records in ascending order, store(i, value) taking output element i, and
-// (reset) sets the counter back to zero. Which block merges changes nothing. merge_m and merge_l hold n_chunks floats
-// each (shared memory). Uniform across the block.
+// (reset) sets the counter back to zero. Which block merges changes nothing. table: room for n_chunks pairs in shared
+// memory, 8-byte aligned (attn_merge_weights). Uniform across the block.
 // The barrier that ends the last chunk orders the block's record writes before thread 0's count, whose release
 // (cumulative) publishes them; the merging block's count is also an acquire, and the barrier after it orders its
 // threads' reads of the other blocks' records after it. One acq_rel atomic instead of two full fences around a
@@ -654,8 +657,8 @@ __device__ __forceinline__ void attn_merge_split(const float* ph, Store store, i
 template <int TEAM, class Store>
 __device__ __forceinline__ void attn_count_and_merge_to(float* __restrict__ partial, Store store, bool reset,
                                                         int* __restrict__ done, int h, int n_chunks, int expected,
-                                                        const AttnDims& d, AttnShared& sh, float* merge_m,
-                                                        float* merge_l, int mark) {
+                                                        const AttnDims& d, AttnShared& sh, float2* table,
+                                                        int mark) {
     const int head_dim = d.head_dim;
     TT_MARK(mark + 9);
     if (threadIdx.x == 0) {
@@ -668,9 +671,9 @@ __device__ __forceinline__ void attn_count_and_merge_to(float* __restrict__ part
     if (!sh.merge) return;
     const float* ph = partial + (size_t)h * d.max_chunks * (head_dim + 2);
     if (n_chunks > ATTN_MERGE_SPLIT)  // uniform
-        attn_merge_split<TEAM>(ph, store, h, n_chunks, head_dim, sh, merge_m, merge_l, mark);
+        attn_merge_split<TEAM>(ph, store, h, n_chunks, head_dim, sh, table, mark);
     else
-        attn_merge_serial<TEAM>(ph, store, h, n_chunks, head_dim, merge_m, merge_l, mark);
+        attn_merge_serial<TEAM>(ph, store, h, n_chunks, head_dim, table, mark);
     if (reset && threadIdx.x == 0) done[h] = 0;  // ready for the next use (a later launch, or the next layer)
     TT_MARK(mark + 12);
 }
@@ -685,10 +688,8 @@ struct AttnStoreOut {
 template <int TEAM = 0>
 __device__ __forceinline__ void attn_count_and_merge(float* __restrict__ partial, float* __restrict__ out,
                                                      int* __restrict__ done, int h, int n_chunks, int expected,
-                                                     const AttnDims& d, AttnShared& sh, float* merge_m,
-                                                     float* merge_l, int mark) {
-    attn_count_and_merge_to<TEAM>(partial, AttnStoreOut{out}, true, done, h, n_chunks, expected,
-                                  d, sh, merge_m, merge_l, mark);
+                                                     const AttnDims& d, AttnShared& sh, float2* table, int mark) {
+    attn_count_and_merge_to<TEAM>(partial, AttnStoreOut{out}, true, done, h, n_chunks, expected, d, sh, table, mark);
 }
 
 // This block's rank in its cluster.
@@ -761,7 +762,9 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
     pdl_enter();
     TT_MARK(mark + 1);
     __shared__ AttnShared sh;
-    __shared__ float merge_ml[2][ATTN_MERGE_MAX_CHUNKS];  // the merging block's per-chunk m and l
+    // The merging block's table (attn_merge_weights), or the cluster merge's records.
+    __shared__ __align__(16) float merge_ml[2][ATTN_MERGE_MAX_CHUNKS];
+    float2* table = reinterpret_cast<float2*>(&merge_ml[0][0]);
     const AttnDims& d{n_heads, n_kv_heads, head_dim, max_chunks, scale, eps};
     const int pos = host_or_device(pos_ptr, pos_host), length = pos + 1;
     const int n_chunks = (length + ATTN_CHUNK - 1) / ATTN_CHUNK;
@@ -789,7 +792,7 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
                                        AttnRecords{partial, records, in_cluster}, d, sh, mark);
         }
         if (!in_cluster) {
-            attn_count_and_merge(partial, out, done, h, n_chunks, working, d, sh, merge_ml[0], merge_ml[1], mark);
+            attn_count_and_merge(partial, out, done, h, n_chunks, working, d, sh, table, mark);
             return;
         }
         TT_MARK(mark + 9);
@@ -807,7 +810,7 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
     attn_head_chunks<HD, false>(qkv, q_norm != nullptr, k_norm != nullptr, q_norm_d, k_norm_d, k_cache, v_cache,
                                 rope, h, pos, scores_pos, blockIdx.y, n_chunks, blocks,
                                 AttnRecords{partial, nullptr, false}, d, sh, mark);
-    attn_count_and_merge(partial, out, done, h, n_chunks, working, d, sh, merge_ml[0], merge_ml[1], mark);
+    attn_count_and_merge(partial, out, done, h, n_chunks, working, d, sh, table, mark);
 }
 
 #define ATTN_DECODE_PARAMS                                                                                             \

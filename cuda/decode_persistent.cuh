@@ -390,7 +390,7 @@ __device__ __forceinline__ void pdec_prefetch_kv(const PdecPlan& P, int layer, i
 // The attention phase of `layer`: tasks t = h + n_heads * c (head h, chunk c) for blocks b, b + gridDim.x, ...
 // q|k|v come from tagged words (qkv, tag qkv_tag); the merged outputs go out as tagged words (out, tag out_tag).
 // The per-head counters count up through the launch's layers: a head's merge falls to the block that brings it to
-// (layer + 1) * n_chunks. merge_ml holds 2 * max_chunks floats of shared memory.
+// (layer + 1) * n_chunks. merge_ml holds 2 * max_chunks floats of shared memory, 8-byte aligned: the merge's table.
 __device__ __forceinline__ void pdec_attention(const PdecPlan& P, int layer, int pos, const unsigned long long* qkv,
                                                unsigned qkv_tag, unsigned long long* out, unsigned out_tag,
                                                AttnShared& sh, float* merge_ml, int mark) {
@@ -419,7 +419,7 @@ __device__ __forceinline__ void pdec_attention(const PdecPlan& P, int layer, int
                                      no_trace);
         if (t == (int)blockIdx.x) TT_MARK(mark + 1);
         attn_count_and_merge_to<PDEC_TEAM>(P.partial, store_out, false, P.done, h, n_chunks, (layer + 1) * n_chunks,
-                                           d, sh, merge_ml, merge_ml + P.max_chunks, no_trace);
+                                           d, sh, reinterpret_cast<float2*>(merge_ml), no_trace);
     }
     TT_MARK(mark + 2);
 }
