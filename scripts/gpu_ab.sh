@@ -48,14 +48,6 @@ for tree in "${trees[@]}"; do
     exit 1
 done
 
-# The kernels each change reached, against the first revision (this checkout's compare; 1: some differ, 2: error).
-for i in "${!trees[@]}"; do
-  [ "$i" -eq 0 ] && continue
-  PYTHONPATH="$ROOT" "$PY" -c "from tooltrie.cubin_kernels import cuda_compare_command as c; c()" \
-    "${trees[0]}/cuda/build/tooltrie.cubin" "${trees[$i]}/cuda/build/tooltrie.cubin" > "$OUT/kernels_${i}.txt"
-  [ $? -le 1 ] || { echo "comparing the cubins failed: see $OUT/kernels_${i}.txt" >&2; exit 1; }
-done
-
 for round in $(seq "$ROUNDS"); do
   for prompt in $PROMPTS; do
     for i in "${!trees[@]}"; do
@@ -72,11 +64,15 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-"$PY" - "$OUT" "${labels[@]}" <<'EOF'
-import json, statistics, sys
+# The report compares the revisions' cubins with this checkout's tooltrie.cubin_kernels.
+TREES="$(printf '%s\n' "${trees[@]}")" PYTHONPATH="$ROOT" "$PY" - "$OUT" "${labels[@]}" <<'EOF'
+import json, os, statistics, sys
 from pathlib import Path
 
+from tooltrie.cubin_kernels import compare_cubins
+
 out, labels = Path(sys.argv[1]), sys.argv[2:]
+cubins = [Path(tree) / "cuda/build/tooltrie.cubin" for tree in os.environ["TREES"].splitlines()]
 runs = {}
 for path in sorted(out.glob("ab_*_p*_r*.json")):
     i, prompt = path.stem.split("_")[1], int(path.stem.split("_")[2][1:])
@@ -95,10 +91,11 @@ for (i, prompt), rs in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0]))
     cells = ", ".join(f"{p['launch']} {p['us']:.1f}" for p in prefix)
     lines.append(f"- {labels[i]} at {prompt} tokens: {step:.4f} ms ({len(rs)} rounds); {cells}")
 lines += ["", f"Machine code against {labels[0]} (`tooltrie cuda compare`):", ""]
-for i, label in enumerate(labels[1:], start=1):
-    report = (out / f"kernels_{i}.txt").read_text().splitlines()
-    changed = [line.split(":")[0] for line in report if ": differs" in line or ": only in" in line]
-    lines.append(f"- {label}: {report[-1]}" + (f" ({', '.join(changed)})" if changed else ""))
+for label, cubin in zip(labels[1:], cubins[1:], strict=True):
+    changes = compare_cubins(cubins[0], cubin)
+    changed = [change.name for change in changes if not change.same]
+    same = f"{len(changes) - len(changed)} of {len(changes)} kernels run the same code"
+    lines.append(f"- {label}: {same}" + (f"; differ: {', '.join(changed)}" if changed else ""))
 text = "\n".join(lines) + "\n"
 (out / "ab.md").write_text(text)
 print(text)
