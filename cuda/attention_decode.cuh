@@ -47,6 +47,8 @@ static_assert(ATTN_CHUNK == TT_WARP, "each warp's softmax takes one score a lane
 #define ATTN_CLUSTER 8                // blocks of attention_decode_cluster's clusters (its grid.y is a multiple)
 #define ATTN_RECORD_FLOATS (256 + 2)  // a chunk's (m, l, acc[head_dim <= 256]) in the cluster merge's table
 static_assert(ATTN_CLUSTER * ATTN_RECORD_FLOATS <= 2 * ATTN_MERGE_MAX_CHUNKS, "the records reuse the merge table");
+static_assert(2 * ATTN_MERGE_SPLIT + ATTN_MERGE_BATCH * (ATTN_SPLIT_THREADS / 2) <= 2 * ATTN_MERGE_MAX_CHUNKS,
+              "the serial merge's handed-over values fit after its table");
 
 // Loads the V values thread (g, d) sums next: column d of rows t0 + g + k * groups (k < ATTN_V_COL) of the chunk at
 // j0, where groups = ATTN_SPLIT_THREADS / head_dim threads share a column. A warp reads 32 consecutive columns of
@@ -568,28 +570,50 @@ __device__ __forceinline__ void attn_merge_load_values(float (&vals)[ATTN_MERGE_
         vals[j] = load && c0 + j < c_end ? __ldcg(ph + (c0 + j) * (head_dim + 2) + 2 + e) : 0.0f;
 }
 
-// The merge of attn_count_and_merge up to ATTN_MERGE_SPLIT chunks: every chunk's (m, l) into the table and each
-// output element's first ATTN_MERGE_BATCH chunk values into registers, in one round of loads; later chunks' values
-// in batches. The merge arithmetic runs in ascending chunk order. ph: head h's records.
+// The merge of attn_count_and_merge up to ATTN_MERGE_SPLIT chunks, in one round of loads: the first warp takes every
+// chunk's (m, l), works out the max with a butterfly (exact in any order) and writes each chunk's (weight, l) into
+// the table itself; each output element's thread takes its first ATTN_MERGE_BATCH chunk values into registers, and
+// where the block has a second head_dim threads (HAND: 2 * head_dim <= the team) those take the element's next
+// ATTN_MERGE_BATCH values and hand them over through shared memory after the table, where they used to be loaded
+// after the first batch was summed (an L2 round trip later). One barrier; the merge arithmetic runs in ascending
+// chunk order as before. ph: head h's records. table: room for ATTN_MERGE_SPLIT pairs, then, with HAND,
+// ATTN_MERGE_BATCH * head_dim floats.
 template <int TEAM, class Store>
 __device__ __forceinline__ void attn_merge_serial(const float* ph, Store store, int h, int n_chunks, int head_dim,
                                                   float2* table, int mark) {
     const bool active = threadIdx.x < head_dim;
+    const bool hand = n_chunks > ATTN_MERGE_BATCH && 2 * head_dim <= (int)team_size<TEAM>();  // uniform
+    const bool handing = hand && !active && threadIdx.x < 2 * head_dim;
+    const unsigned e = active ? threadIdx.x : threadIdx.x - head_dim;
+    float* handed = reinterpret_cast<float*>(table + ATTN_MERGE_SPLIT);
     float vals[ATTN_MERGE_BATCH];
-    attn_merge_load_values(vals, ph, 0, n_chunks, head_dim, threadIdx.x, active);
-    for (int c = threadIdx.x; c < n_chunks; c += team_size<TEAM>())
-        table[c] = make_float2(__ldcg(ph + c * (head_dim + 2)), __ldcg(ph + c * (head_dim + 2) + 1));
+    attn_merge_load_values(vals, ph, active ? 0 : ATTN_MERGE_BATCH, n_chunks, head_dim, e, active || handing);
+    if (threadIdx.x < TT_WARP) {  // n_chunks <= ATTN_MERGE_SPLIT = one chunk a lane
+        const int c = threadIdx.x;
+        const bool has = c < n_chunks;
+        const float m = has ? __ldcg(ph + c * (head_dim + 2)) : -INFINITY;
+        const float l = has ? __ldcg(ph + c * (head_dim + 2) + 1) : 0.0f;
+        const float mx = warp_max(m);
+        if (has) table[c] = make_float2(expf(m - mx), l);
+    }
+    if (handing) {
+#pragma unroll
+        for (int j = 0; j < ATTN_MERGE_BATCH; ++j) handed[j * head_dim + e] = vals[j];
+    }
     team_sync<TEAM>();
     TT_MARK(mark + 11);
-    float mx = -INFINITY;
-    for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, table[c].x);
-    team_sync<TEAM>();  // every thread has its max before the maxima become weights
-    attn_merge_weights<TEAM>(table, n_chunks, mx);
     TT_MARK(mark + 13);
     if (active) {
         float lsum = 0.0f, a = 0.0f;
         for (int c0 = 0; c0 < n_chunks; c0 += ATTN_MERGE_BATCH) {
-            if (c0 > 0) attn_merge_load_values(vals, ph, c0, n_chunks, head_dim, threadIdx.x);
+            if (c0 > 0) {
+                if (hand) {
+#pragma unroll
+                    for (int j = 0; j < ATTN_MERGE_BATCH; ++j) vals[j] = handed[j * head_dim + e];
+                } else {
+                    attn_merge_load_values(vals, ph, c0, n_chunks, head_dim, threadIdx.x);
+                }
+            }
             attn_merge_batch(vals, table + c0, n_chunks - c0, lsum, a);
         }
         TT_MARK(mark + 14);

@@ -390,7 +390,8 @@ __device__ __forceinline__ void pdec_prefetch_kv(const PdecPlan& P, int layer, i
 // The attention phase of `layer`: tasks t = h + n_heads * c (head h, chunk c) for blocks b, b + gridDim.x, ...
 // q|k|v come from tagged words (qkv, tag qkv_tag); the merged outputs go out as tagged words (out, tag out_tag).
 // The per-head counters count up through the launch's layers: a head's merge falls to the block that brings it to
-// (layer + 1) * n_chunks. merge_ml holds 2 * max_chunks floats of shared memory, 8-byte aligned: the merge's table.
+// (layer + 1) * n_chunks. merge_ml: shared memory, 8-byte aligned, for the merge's table (2 * max_chunks floats) and
+// the serial merge's handed-over values after it (attn_merge_serial; staging_floats in persistent.py sizes both).
 __device__ __forceinline__ void pdec_attention(const PdecPlan& P, int layer, int pos, const unsigned long long* qkv,
                                                unsigned qkv_tag, unsigned long long* out, unsigned out_tag,
                                                AttnShared& sh, float* merge_ml, int mark) {

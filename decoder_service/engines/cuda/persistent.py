@@ -37,6 +37,10 @@ DEFAULT_POLL_NS = 1000  # a poll's sleep after a miss: spinning polls slowed the
 # The kernel's static shared memory (ptxas -v reports 8,192 bytes; a build test checks this bound).
 PDEC_STATIC_SHARED = 8_704
 MAX_SHARED_PER_BLOCK = 227 * 1024
+# The decode attention merge (cuda/attention_decode.cuh): chunk values an output element's thread loads together,
+# and the most chunks the serial merge takes (its table, then up to a batch of values a thread handed over).
+ATTN_MERGE_BATCH = 16
+ATTN_MERGE_SPLIT = 2 * ATTN_MERGE_BATCH
 ONE_WARP_ROW_MAX_K = 8192  # GEMV_SPLIT_MIN_K in forward.py: longer rows take two warps, which this kernel lacks
 DECODE_KERNEL_ENV = "TOOLTRIE_DECODE_KERNEL"
 DECODE_KERNELS = ("layers", "persistent")
@@ -95,9 +99,12 @@ def tagged_words(config: ModelConfig) -> int:
 
 
 def staging_floats(config: ModelConfig, max_chunks: int) -> int:
-    """Floats of the kernel's staging area: the widest GEMV input row, or the attention merge's (m, l) table."""
+    """Floats of the kernel's staging area: the widest GEMV input row, or the attention merge's table of (weight, l)
+    pairs, which up to ATTN_MERGE_SPLIT chunks the values handed over for its second batch follow
+    (attn_merge_serial in cuda/attention_decode.cuh)."""
     c = config
-    return max(c.hidden_size, c.num_heads * c.head_dim, c.intermediate_size, 2 * max_chunks)
+    serial_merge = 2 * ATTN_MERGE_SPLIT + ATTN_MERGE_BATCH * c.head_dim
+    return max(c.hidden_size, c.num_heads * c.head_dim, c.intermediate_size, 2 * max_chunks, serial_merge)
 
 
 def persistent_stages(config: ModelConfig, max_chunks: int, cap: int = DEFAULT_STAGES) -> int:

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from decoder_service.engines.cuda.persistent import (
+    ATTN_MERGE_BATCH,
+    ATTN_MERGE_SPLIT,
     DEFAULT_STAGES,
     LAYER_FIELDS,
     LAYER_FORMAT,
@@ -23,6 +25,7 @@ from decoder_service.engines.cuda.persistent import (
     decode_kernel_choice,
     persistent_shared_bytes,
     persistent_stages,
+    staging_floats,
     unsupported_reason,
 )
 from decoder_service.models.config import ModelConfig
@@ -82,6 +85,16 @@ def test_ring_takes_the_shared_memory_the_staging_area_leaves(config: ModelConfi
         assert over > MAX_SHARED_PER_BLOCK
     assert persistent_stages(config, max_chunks) == DEFAULT_STAGES  # every warp takes the same share of the tiles
     assert persistent_stages(config, max_chunks, cap=3) == 3
+
+
+@pytest.mark.parametrize(
+    "config", [QWEN3_1_7B, SHAPES["smollm2-shape"], SHAPES["tiny-qwen3"], SHAPES["tiny-qwen2-hd128-untied"]]
+)
+def test_staging_area_holds_the_serial_merges_table_and_handed_values(config: ModelConfig) -> None:
+    # attn_merge_serial: ATTN_MERGE_SPLIT (weight, l) pairs, then a batch of values for each output element.
+    need = 2 * ATTN_MERGE_SPLIT + ATTN_MERGE_BATCH * config.head_dim
+    assert staging_floats(config, 1) >= need
+    assert staging_floats(config, 4096) == max(staging_floats(config, 1), 2 * 4096)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from decoder_service.engines.base import CHAIN_TOKENS
-from decoder_service.engines.cuda import forward, step
+from decoder_service.engines.cuda import forward, persistent, step
 from tests.decoder_service.engines.cuda.emulator import CUDA_DIR, FakeDriver, install_fake_driver
 from tests.decoder_service.engines.cuda.synthetic_tries import random_catalog, trie_from_sequences
 
@@ -46,6 +46,10 @@ def test_control_block_and_output_match_the_kernel_header() -> None:
 def test_decode_attention_chunk_and_cluster_match_the_kernel() -> None:
     macros = _macros("attention_decode.cuh")
     assert (macros["ATTN_CHUNK"], macros["ATTN_CLUSTER"]) == (forward.ATTN_CHUNK, forward.ATTN_CLUSTER)
+    assert macros["ATTN_MERGE_BATCH"] == persistent.ATTN_MERGE_BATCH
+    text = (CUDA_DIR / "attention_decode.cuh").read_text()
+    assert re.search(r"^#define ATTN_MERGE_SPLIT \(2 \* ATTN_MERGE_BATCH\)", text, re.M)
+    assert persistent.ATTN_MERGE_SPLIT == 2 * persistent.ATTN_MERGE_BATCH
 
 
 def test_tensor_core_gemm_layout_matches_the_kernel() -> None:
