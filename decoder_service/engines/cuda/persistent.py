@@ -100,8 +100,8 @@ def tagged_words(config: ModelConfig) -> int:
 
 def staging_floats(config: ModelConfig, max_chunks: int) -> int:
     """Floats of the kernel's staging area: the widest GEMV input row, or the attention merge's table of (weight, l)
-    pairs, which up to ATTN_MERGE_SPLIT chunks the values handed over for its second batch follow
-    (attn_merge_serial in cuda/attention_decode.cuh)."""
+    pairs, which the serial merge (up to ATTN_MERGE_SPLIT chunks) follows with the values handed over for its second
+    batch (attn_merge_serial in cuda/attention_decode.cuh)."""
     c = config
     serial_merge = 2 * ATTN_MERGE_SPLIT + ATTN_MERGE_BATCH * c.head_dim
     return max(c.hidden_size, c.num_heads * c.head_dim, c.intermediate_size, 2 * max_chunks, serial_merge)
