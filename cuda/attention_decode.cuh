@@ -574,10 +574,9 @@ __device__ __forceinline__ void attn_merge_load_values(float (&vals)[ATTN_MERGE_
 // chunk's (m, l), works out the max with a butterfly (exact in any order) and writes each chunk's (weight, l) into
 // the table itself; each output element's thread takes its first ATTN_MERGE_BATCH chunk values into registers, and
 // where the block has a second head_dim threads (HAND: 2 * head_dim <= the team) those take the element's next
-// ATTN_MERGE_BATCH values and hand them over through shared memory after the table, where they used to be loaded
-// after the first batch was summed (an L2 round trip later). One barrier; the merge arithmetic runs in ascending
-// chunk order as before. ph: head h's records. table: room for ATTN_MERGE_SPLIT pairs, then, with HAND,
-// ATTN_MERGE_BATCH * head_dim floats.
+// ATTN_MERGE_BATCH values and hand them over through shared memory after the table, so the sums need not load them
+// after the first batch (an L2 round trip later). One barrier; the merge arithmetic runs in ascending chunk order.
+// ph: head h's records. table: room for ATTN_MERGE_SPLIT pairs, then, with HAND, ATTN_MERGE_BATCH * head_dim floats.
 template <int TEAM, class Store>
 __device__ __forceinline__ void attn_merge_serial(const float* ph, Store store, int h, int n_chunks, int head_dim,
                                                   float2* table, int mark) {
