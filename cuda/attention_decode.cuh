@@ -577,8 +577,10 @@ __device__ __forceinline__ void attn_merge_load_values(float (&vals)[ATTN_MERGE_
 // ATTN_MERGE_BATCH values and hand them over through shared memory after the table, so the sums need not load them
 // after the first batch (an L2 round trip later). One barrier; the merge arithmetic runs in ascending chunk order.
 // ph: head h's records. table: room for ATTN_MERGE_SPLIT pairs, then, with HAND, ATTN_MERGE_BATCH * head_dim floats.
+// Out of line: the kernels around it measured a few µs a step faster so, with the same bits (docs/cuda-speed-notes.md
+// #127); attn_merge_split stays inline, since out of line it measured slower at long contexts.
 template <int TEAM, class Store>
-__device__ __forceinline__ void attn_merge_serial(const float* ph, Store store, int h, int n_chunks, int head_dim,
+__device__ __noinline__ void attn_merge_serial(const float* ph, Store store, int h, int n_chunks, int head_dim,
                                                   float2* table, int mark) {
     const bool active = threadIdx.x < head_dim;
     const bool hand = n_chunks > ATTN_MERGE_BATCH && 2 * head_dim <= (int)team_size<TEAM>();  // uniform
