@@ -737,8 +737,9 @@ __device__ __forceinline__ float* AttnRecords::at(int h, int c, const AttnDims& 
 }
 
 // out[h * head_dim + d] from the n_chunks (at most ATTN_CLUSTER) records of head h at records[c * stride] (this
-// block's shared memory): attn_count_and_merge's arithmetic, in its order.
-__device__ __forceinline__ void attn_merge_local(const float* records, int stride, float* __restrict__ out, int h,
+// block's shared memory): attn_count_and_merge's arithmetic, in its order. Out of line, as attn_merge_serial: the
+// cluster kernels measured faster so, with the same bits (docs/cuda-speed-notes.md #128).
+__device__ __noinline__ void attn_merge_local(const float* records, int stride, float* __restrict__ out, int h,
                                                  int n_chunks, int head_dim) {
     if (threadIdx.x >= head_dim) return;
     float mx = -INFINITY;
