@@ -581,7 +581,7 @@ __device__ __forceinline__ void attn_merge_load_values(float (&vals)[ATTN_MERGE_
 // #127); attn_merge_split stays inline, since out of line it measured slower at long contexts.
 template <int TEAM, class Store>
 __device__ __noinline__ void attn_merge_serial(const float* ph, Store store, int h, int n_chunks, int head_dim,
-                                                  float2* table, int mark) {
+                                               float2* table, int mark) {
     const bool active = threadIdx.x < head_dim;
     const bool hand = n_chunks > ATTN_MERGE_BATCH && 2 * head_dim <= (int)team_size<TEAM>();  // uniform
     const bool handing = hand && !active && threadIdx.x < 2 * head_dim;
@@ -740,7 +740,7 @@ __device__ __forceinline__ float* AttnRecords::at(int h, int c, const AttnDims& 
 // block's shared memory): attn_count_and_merge's arithmetic, in its order. Out of line, as attn_merge_serial: the
 // cluster kernels measured faster so, with the same bits (docs/cuda-speed-notes.md #128).
 __device__ __noinline__ void attn_merge_local(const float* records, int stride, float* __restrict__ out, int h,
-                                                 int n_chunks, int head_dim) {
+                                              int n_chunks, int head_dim) {
     if (threadIdx.x >= head_dim) return;
     float mx = -INFINITY;
     for (int c = 0; c < n_chunks; ++c) mx = fmaxf(mx, records[c * stride]);
