@@ -833,7 +833,7 @@ def answers_text(agree: dict[str, Any]) -> str:
     return "Answers: " + "; ".join(parts) + "." if parts else ""
 
 
-def render_markdown(result: dict[str, Any], env: list[str]) -> str:
+def render_markdown(result: dict[str, Any], env: list[str], results_dir: Path = Path("results")) -> str:
     sha = next((line.split()[1] for line in env if line.startswith("cuda_sources_sha256")), None)
     versions = next((line for line in env if line.startswith("python ")), None)
     hf = result["hf"]
@@ -852,7 +852,7 @@ def render_markdown(result: dict[str, Any], env: list[str]) -> str:
     lines += [
         "- command: `OUT=<dir> scripts/gpu_run.sh` from the repository root (its side stage runs "
         f"`{result['command']}`), then "
-        "`python3 bench/gpu_side_by_side.py --report <dir> --results results`",
+        f"`python3 bench/gpu_side_by_side.py --report <dir> --results {results_dir.as_posix()}`",
         "",
         f"Model: {shape_text(result['model'])}; weights {result['model']['weights']}; "
         f"the Qwen3 tokenizer; k = {result['k']}; the first {result['intents']} intents of "
@@ -943,7 +943,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
     env = env_file.read_text().splitlines() if env_file.exists() else []
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "gpu_side_by_side.json").write_text(json.dumps(result | {"env": env}, indent=2) + "\n")
-    (results_dir / "gpu_side_by_side.md").write_text(render_markdown(result, env))
+    (results_dir / "gpu_side_by_side.md").write_text(render_markdown(result, env, results_dir))
 
 
 def main() -> int:
