@@ -112,13 +112,18 @@ def bench_shape(name: str, n_intents: int, k: int, prompt: int, fp8_only: bool =
     print(f"{name:18s} graph sparse no PDL {out['graph/sparse/no-pdl']['ms_per_token']:8.3f} ms/token", flush=True)
     engine.free()
     # The same graph loop with decode attention merged through global records and a counter (attention_decode) where
-    # the default merges each head's chunks inside a thread-block cluster (requests within 256 positions, as these).
-    engine = stepping(cluster_attention=False)
+    # the default merges each head's chunks inside a thread-block cluster (requests within 256 positions, as these);
+    # then the same with the short form (attention_decode_short), which such requests take with the cluster form off.
+    engine = stepping(cluster_attention=False, short_attention=False)
     out["graph/sparse/global-merge"] = measure(engine, trie, prefix, intents, k)
     print(
         f"{name:18s} graph sparse global merge {out['graph/sparse/global-merge']['ms_per_token']:8.3f} ms/token",
         flush=True,
     )
+    engine.free()
+    engine = stepping(cluster_attention=False)
+    out["graph/sparse/short"] = measure(engine, trie, prefix, intents, k)
+    print(f"{name:18s} graph sparse short {out['graph/sparse/short']['ms_per_token']:8.3f} ms/token", flush=True)
     engine.free()
     # The same graph loop with the decode step as one persistent kernel (cuda/decode_persistent.cuh), and its step.
     engine = stepping(decode_kernel="persistent")

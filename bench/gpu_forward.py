@@ -27,7 +27,12 @@ sys.path.insert(0, str(REPO))
 from bench.machine import code_identity_lines, git_commit, run_env  # noqa: E402
 from decoder_service.engines.cuda import driver  # noqa: E402
 from decoder_service.engines.cuda.driver import Event, Stream, call, cuda_available  # noqa: E402
-from decoder_service.engines.cuda.forward import KV_ENTRY_BYTES, CudaModel, gemv_groups  # noqa: E402
+from decoder_service.engines.cuda.forward import (  # noqa: E402
+    KV_ENTRY_BYTES,
+    SHORT_ATTENTION_POSITIONS,
+    CudaModel,
+    gemv_groups,
+)
 from decoder_service.engines.cuda.memory import DeviceBuffer, to_bf16_bits  # noqa: E402
 from decoder_service.engines.cuda.module import Launch, Module  # noqa: E402
 from decoder_service.engines.cuda.weights import weight_bytes  # noqa: E402
@@ -259,13 +264,14 @@ def chain_study(stream: Stream, model: CudaModel, positions: list[int]) -> dict[
             print(f"chain study at {position}: skipped, past max_context {model.max_context}", flush=True)
             continue
         cluster = position + CHAIN_TOKENS <= CLUSTER_ATTENTION_POSITIONS
-        single, pos_args = model.step_launches(token_ptr=0, pos_ptr=0, cluster_attention=cluster)
+        form = "cluster" if cluster else "global"
+        single, pos_args = model.step_launches(token_ptr=0, pos_ptr=0, attention=form)
         single[0].set(2, 1000)
         for launch, index in pos_args:
             launch.set(index, position)
         row: dict[str, object] = {"cluster_attention": cluster, "single_ms": graph_ms(stream, single, 20)}
         chain = model.chain_launches(
-            ctl.ptr + 4 * CTL["chain"], ctl.ptr + 4 * CTL["chain_pos"], ctl.ptr + 4 * CTL["nchain"], cluster
+            ctl.ptr + 4 * CTL["chain"], ctl.ptr + 4 * CTL["chain_pos"], ctl.ptr + 4 * CTL["nchain"], form
         )
         for m in range(2, CHAIN_TOKENS + 1):
             words = np.zeros(CTL_WORDS, dtype=np.int32)
@@ -644,6 +650,13 @@ def main() -> int:
         "(default: all), fp8layout (with --weights fp8), persistent (the persistent kernel's ring, cap and poll sleep)",
     )
     parser.add_argument(
+        "--attention",
+        choices=["global", "short"],
+        default="global",
+        help="the replayed step's decode attention: global (attention_decode, any context), or short "
+        "(attention_decode_short, the engine's choice for requests within 1,024 positions)",
+    )
+    parser.add_argument(
         "--weights",
         choices=["bf16", "fp8"],
         default="bf16",
@@ -651,6 +664,8 @@ def main() -> int:
     )
     args = parser.parse_args()
     sweeps = set(args.sweeps.split(",")) - {""}
+    if args.attention == "short" and args.prompt >= SHORT_ATTENTION_POSITIONS:
+        parser.error(f"--attention short takes positions below {SHORT_ATTENTION_POSITIONS} (--prompt {args.prompt})")
     if args.report:
         write_report(args.report, args.results)
         return 0
@@ -696,6 +711,10 @@ def main() -> int:
     # Kernel-only: replay one captured step (at the last position) many times.
     model.set_decode_position(args.prompt)
     step = model.decode_launches
+    if args.attention != "global":
+        step, pos_args = model.decode_step_launches(args.attention)
+        for launch, index in pos_args:
+            launch.set(index, args.prompt)
     step_ms = graph_ms(stream, step, 50)
     parts = breakdown(stream, step, step_ms) if "breakdown" in sweeps else {}
     sweep = gemv_grid_sweep(stream, step, [66, 132, 264]) if "grid" in sweeps else {}
@@ -725,6 +744,7 @@ def main() -> int:
         "max_context": max_context,
         "decode_tokens": args.tokens,
         "decode_launches_per_token": len(step),
+        "decode_attention": args.attention,
         "setup_s": setup_s,
         "prefill_ms": prefill_ms,
         "host_loop_ms_per_token": host_loop_ms,

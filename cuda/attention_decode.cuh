@@ -579,16 +579,27 @@ __device__ __forceinline__ void attn_merge_load_values(float (&vals)[ATTN_MERGE_
 // ph: head h's records. table: room for ATTN_MERGE_SPLIT pairs, then, with HAND, ATTN_MERGE_BATCH * head_dim floats.
 // Out of line: the kernels around it measured a few µs a step faster so, with the same bits (docs/cuda-speed-notes.md
 // #127); attn_merge_split stays inline, since out of line it measured slower at long contexts.
-template <int TEAM, class Store>
+// HD > 0: head_dim is that compile-time constant and the first round's loads are addressed from one base pointer
+// (the short kernels' form, #133; the other kernels keep HD = 0, whose machine code measured best with them).
+template <int TEAM, class Store, int HD = 0>
 __device__ __noinline__ void attn_merge_serial(const float* ph, Store store, int h, int n_chunks, int head_dim,
                                                float2* table, int mark) {
+    if constexpr (HD > 0) head_dim = HD;
     const bool active = threadIdx.x < head_dim;
     const bool hand = n_chunks > ATTN_MERGE_BATCH && 2 * head_dim <= (int)team_size<TEAM>();  // uniform
     const bool handing = hand && !active && threadIdx.x < 2 * head_dim;
     const unsigned e = active ? threadIdx.x : threadIdx.x - head_dim;
     float* handed = reinterpret_cast<float*>(table + ATTN_MERGE_SPLIT);
     float vals[ATTN_MERGE_BATCH];
-    attn_merge_load_values(vals, ph, active ? 0 : ATTN_MERGE_BATCH, n_chunks, head_dim, e, active || handing);
+    if constexpr (HD > 0) {  // attn_merge_load_values's values
+        const int c0 = active ? 0 : ATTN_MERGE_BATCH;
+        const float* p = ph + c0 * (head_dim + 2) + 2 + e;
+#pragma unroll
+        for (int j = 0; j < ATTN_MERGE_BATCH; ++j)
+            vals[j] = (active || handing) && c0 + j < n_chunks ? __ldcg(p + j * (head_dim + 2)) : 0.0f;
+    } else {
+        attn_merge_load_values(vals, ph, active ? 0 : ATTN_MERGE_BATCH, n_chunks, head_dim, e, active || handing);
+    }
     if (threadIdx.x < TT_WARP) {  // n_chunks <= ATTN_MERGE_SPLIT = one chunk a lane
         const int c = threadIdx.x;
         const bool has = c < n_chunks;
@@ -679,7 +690,9 @@ __device__ __forceinline__ void attn_merge_split(const float* ph, Store store, i
 // (cumulative) publishes them; the merging block's count is also an acquire, and the barrier after it orders its
 // threads' reads of the other blocks' records after it. One acq_rel atomic instead of two full fences around a
 // relaxed one.
-template <int TEAM, class Store>
+// SHORT: at most ATTN_MERGE_SPLIT chunks (the host's promise; more traps), so the split merge is not compiled in,
+// and the serial merge takes the compiled head_dim HD.
+template <int TEAM, class Store, int HD = 0, bool SHORT = false>
 __device__ __forceinline__ void attn_count_and_merge_to(float* __restrict__ partial, Store store, bool reset,
                                                         int* __restrict__ done, int h, int n_chunks, int expected,
                                                         const AttnDims& d, AttnShared& sh, float2* table,
@@ -695,10 +708,14 @@ __device__ __forceinline__ void attn_count_and_merge_to(float* __restrict__ part
     TT_MARK(mark + 10);
     if (!sh.merge) return;
     const float* ph = partial + (size_t)h * d.max_chunks * (head_dim + 2);
-    if (n_chunks > ATTN_MERGE_SPLIT)  // uniform
+    if constexpr (SHORT) {
+        if (n_chunks > ATTN_MERGE_SPLIT) __trap();  // a context the short kernels were not chosen for
+        attn_merge_serial<TEAM, Store, HD>(ph, store, h, n_chunks, head_dim, table, mark);
+    } else if (n_chunks > ATTN_MERGE_SPLIT) {  // uniform
         attn_merge_split<TEAM>(ph, store, h, n_chunks, head_dim, sh, table, mark);
-    else
+    } else {
         attn_merge_serial<TEAM>(ph, store, h, n_chunks, head_dim, table, mark);
+    }
     if (reset && threadIdx.x == 0) done[h] = 0;  // ready for the next use (a later launch, or the next layer)
     TT_MARK(mark + 12);
 }
@@ -710,11 +727,12 @@ struct AttnStoreOut {
     __device__ __forceinline__ void operator()(unsigned i, float v) const { out[i] = v; }
 };
 
-template <int TEAM = 0>
+template <int TEAM = 0, int HD = 0, bool SHORT = false>
 __device__ __forceinline__ void attn_count_and_merge(float* __restrict__ partial, float* __restrict__ out,
                                                      int* __restrict__ done, int h, int n_chunks, int expected,
                                                      const AttnDims& d, AttnShared& sh, float2* table, int mark) {
-    attn_count_and_merge_to<TEAM>(partial, AttnStoreOut{out}, true, done, h, n_chunks, expected, d, sh, table, mark);
+    attn_count_and_merge_to<TEAM, AttnStoreOut, HD, SHORT>(partial, AttnStoreOut{out}, true, done, h, n_chunks,
+                                                           expected, d, sh, table, mark);
 }
 
 // This block's rank in its cluster.
@@ -766,7 +784,9 @@ __device__ __noinline__ void attn_merge_local(const float* records, int stride, 
 // HD > 0: head_dim is that compile-time constant (the argument must equal it, else it traps), so with the block of
 // ATTN_SPLIT_THREADS threads that every attention_decode kernel assumes the chunk loops compile for their exact trip
 // counts: the same arithmetic in the same order, fewer instructions.
-template <bool CLUSTER, int HD = 0>
+// SHORT (with HD > 0, without CLUSTER): attn_count_and_merge_to's short form, for contexts of at most
+// ATTN_MERGE_SPLIT chunks (the attention_decode_short kernels).
+template <bool CLUSTER, int HD = 0, bool SHORT = false>
 __device__ __forceinline__ void attention_decode_body(const float* __restrict__ qkv, const bf16_t* __restrict__ q_norm,
                                                       const bf16_t* __restrict__ k_norm, kv_t* __restrict__ k_cache,
                                                       kv_t* __restrict__ v_cache, float* __restrict__ partial,
@@ -776,6 +796,7 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
                                                       float eps, int max_chunks, int blocks) {
     const int mark = (blockIdx.x * gridDim.y + blockIdx.y) * ATTN_TRACE_PROBES;  // this block's TT_MARK slots
     TT_MARK(mark);
+    static_assert(!SHORT || (HD > 0 && !CLUSTER), "the short form is compiled for a head_dim, global merge only");
     if constexpr (HD > 0) {
         if (head_dim != HD) __trap();
         head_dim = HD;
@@ -836,7 +857,7 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
     attn_head_chunks<HD, false>(qkv, q_norm != nullptr, k_norm != nullptr, q_norm_d, k_norm_d, k_cache, v_cache,
                                 rope, h, pos, scores_pos, blockIdx.y, n_chunks, blocks,
                                 AttnRecords{partial, nullptr, false}, d, sh, mark);
-    attn_count_and_merge(partial, out, done, h, n_chunks, working, d, sh, table, mark);
+    attn_count_and_merge<0, SHORT ? HD : 0, SHORT>(partial, out, done, h, n_chunks, working, d, sh, table, mark);
 }
 
 #define ATTN_DECODE_PARAMS                                                                                             \
@@ -874,6 +895,17 @@ extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3) attention_de
 extern "C" __global__ void __cluster_dims__(1, ATTN_CLUSTER, 1) __launch_bounds__(ATTN_SPLIT_THREADS, 3)
     attention_decode_cluster_hd64(ATTN_DECODE_PARAMS) {
     attention_decode_body<true, 64>(ATTN_DECODE_ARGS);
+}
+
+// attention_decode_hd128 and _hd64 for contexts of at most ATTN_MERGE_SPLIT chunks (the host takes them for requests
+// that stay within SHORT_ATTENTION_POSITIONS; a longer context traps): the same bits, without the split merge, and
+// measured faster at 300 and 708 positions (docs/cuda-speed-notes.md #133).
+extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3) attention_decode_short_hd128(ATTN_DECODE_PARAMS) {
+    attention_decode_body<false, 128, true>(ATTN_DECODE_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(ATTN_SPLIT_THREADS, 3) attention_decode_short_hd64(ATTN_DECODE_PARAMS) {
+    attention_decode_body<false, 64, true>(ATTN_DECODE_ARGS);
 }
 
 // A forced chain's tokens (*count of them, 2 or more, at positions *pos_ptr .. *pos_ptr + *count - 1; their raw

@@ -32,7 +32,13 @@ from decoder_service.engines.base import (
 )
 from decoder_service.engines.cuda import driver
 from decoder_service.engines.cuda.driver import CudaError, call
-from decoder_service.engines.cuda.forward import CLUSTER_ATTENTION_POSITIONS, KV_ENTRY_BYTES, CudaModel
+from decoder_service.engines.cuda.forward import (
+    CLUSTER_ATTENTION_POSITIONS,
+    KV_ENTRY_BYTES,
+    AttentionForm,
+    CudaModel,
+    short_attention_fits,
+)
 from decoder_service.engines.cuda.graph_loop import DecodeGraph
 from decoder_service.engines.cuda.host_grammar_loop import HostLoop
 from decoder_service.engines.cuda.memory import DeviceBuffer
@@ -68,6 +74,7 @@ def load_module(pdl: bool | None = None) -> Module:
 
 
 CLUSTER_ATTENTION_ENV = "TOOLTRIE_CLUSTER_ATTENTION"  # 0: attention_decode for every request
+SHORT_ATTENTION_ENV = "TOOLTRIE_SHORT_ATTENTION"  # 0: attention_decode where the cluster form does not apply
 
 
 class _Cancelled(Exception):
@@ -81,14 +88,16 @@ class CudaEngine(Engine):
     $TOOLTRIE_DECODE_KERNEL, else 'layers'). ``cluster_attention``: run a request's decode attention as
     attention_decode_cluster when its prompt and longest answer stay within CLUSTER_ATTENTION_POSITIONS (the same
     bits, gate 10; on an H200 35 µs per token faster there and slower past it, docs/cuda-speed-notes.md #65-#66).
-    Default $TOOLTRIE_CLUSTER_ATTENTION, else on. ``forced_tail``: once the grammar leaves one legal token at every
-    remaining step, the step kernel takes them all and the loop ends without their forward passes (the same
-    tokens and scores, gate 11). Default $TOOLTRIE_FORCED_TAIL, else on. ``forced_chains``: the tokens the grammar
-    forces after a chosen one (up to CHAIN_TOKENS in all) go through the model in one forward pass, whose every token
-    has the bits of a pass of its own (gate 12); where the model's step takes no chains (``supports_chains``), one
-    pass per token. Default $TOOLTRIE_FORCED_CHAINS, else on. ``weight_format``: 'bf16', or 'fp8' for weights
-    quantized by ``decoder_service.models.fp8.quantize_weights`` (CudaModel's single-token GEMVs then read e4m3
-    bytes: the same bits, half the weight bytes)."""
+    Default $TOOLTRIE_CLUSTER_ATTENTION, else on. ``short_attention``: otherwise, within SHORT_ATTENTION_POSITIONS
+    and for a compiled head_dim, as attention_decode_short (the same bits, gate 14; on an H100 7-8 µs per token faster
+    at 300 and 708 positions, #133). Default $TOOLTRIE_SHORT_ATTENTION, else on. ``forced_tail``: once the grammar
+    leaves one legal token at every remaining step, the step kernel takes them all and the loop ends without their
+    forward passes (the same tokens and scores, gate 11). Default $TOOLTRIE_FORCED_TAIL, else on. ``forced_chains``: the
+    tokens the grammar forces after a chosen one (up to CHAIN_TOKENS in all) go through the model in one forward pass,
+    whose every token has the bits of a pass of its own (gate 12); where the model's step takes no chains
+    (``supports_chains``), one pass per token. Default $TOOLTRIE_FORCED_CHAINS, else on. ``weight_format``: 'bf16', or
+    'fp8' for weights quantized by ``decoder_service.models.fp8.quantize_weights`` (CudaModel's single-token GEMVs then
+    read e4m3 bytes: the same bits, half the weight bytes)."""
 
     name = "cuda"
 
@@ -106,6 +115,7 @@ class CudaEngine(Engine):
         prefix_cache_entries: int = 4,
         decode_kernel: str | None = None,
         cluster_attention: bool | None = None,
+        short_attention: bool | None = None,
         forced_tail: bool | None = None,
         forced_chains: bool | None = None,
         weight_format: str = "bf16",
@@ -118,6 +128,9 @@ class CudaEngine(Engine):
         if cluster_attention is None:
             cluster_attention = env_int(CLUSTER_ATTENTION_ENV, 1, 0, 1) == 1
         self.cluster_attention = cluster_attention
+        if short_attention is None:
+            short_attention = env_int(SHORT_ATTENTION_ENV, 1, 0, 1) == 1
+        self.short_attention = short_attention
         self.forced_tail = forced_tail_default() if forced_tail is None else forced_tail
         self.forced_chains = forced_chains_default() if forced_chains is None else forced_chains
         self.module = module or load_module()  # one module per engine: its constant bank is this engine's
@@ -132,7 +145,8 @@ class CudaEngine(Engine):
         )
         self.stream = self.model.stream
         self.state = StepState(config.vocab_size, K_MAX * (MAX_NAME_TOKENS + 1), self.stream)
-        self._drivers: dict[tuple[str, bool, bool, bool], HostLoop | DecodeGraph] = {}  # (loop, dense, cluster, chains)
+        # (loop, dense, attention form, chains)
+        self._drivers: dict[tuple[str, bool, AttentionForm, bool], HostLoop | DecodeGraph] = {}
         self._tries: OrderedDict[int, DeviceTrie] = OrderedDict()
         self._prefixes: OrderedDict[str, list[DeviceBuffer]] = OrderedDict()
         self._prefix_entries = prefix_cache_entries
@@ -202,16 +216,11 @@ class CudaEngine(Engine):
         self.model.prefill(list(suffix_ids))
         prompt_tokens = self.model.length
         dense = self._start(trie, k, max_steps, prompt_tokens, allowed)
-        # Every step of this answer stays within the cluster attention's contexts (the persistent kernel has its own)
-        cluster = (
-            self.cluster_attention
-            and self.model.persistent is None
-            and prompt_tokens + max_steps <= CLUSTER_ATTENTION_POSITIONS
-        )
+        form = self._attention_form(prompt_tokens + max_steps)
         prefill_seconds = time.perf_counter() - t0
 
         decode_start = time.perf_counter()
-        emitted = yield from self._pointer_events(trie, dense, cluster, cancelled)
+        emitted = yield from self._pointer_events(trie, dense, form, cancelled)
         if emitted is None:
             return  # the caller is gone
         ctl = self.state.read_ctl()
@@ -275,7 +284,7 @@ class CudaEngine(Engine):
         return self.head == "dense" or trie.stats.max_out_degree > HEAD_SLOTS
 
     def _pointer_events(
-        self, trie: CompiledTrie, dense: bool, cluster: bool, cancelled: Callable[[], bool]
+        self, trie: CompiledTrie, dense: bool, form: AttentionForm, cancelled: Callable[[], bool]
     ) -> Generator[PointerEvent, None, int | None]:
         """Run the loop, yielding each pointer the device publishes, while it runs and after.
 
@@ -304,7 +313,7 @@ class CudaEngine(Engine):
                 )
                 emitted, last = emitted + 1, now
 
-        loop = self._run(dense, cluster)
+        loop = self._run(dense, form)
         try:
             for _ in loop:
                 if cancelled():
@@ -334,15 +343,26 @@ class CudaEngine(Engine):
         """The most tokens one forward pass takes."""
         return CHAIN_TOKENS if self.chains else 1
 
-    def _run(self, dense: bool, cluster: bool) -> Iterator[None]:
+    def _attention_form(self, positions: int) -> AttentionForm:
+        """The decode attention of an answer whose every step stays within ``positions`` (the persistent kernel
+        has its own): the cluster form within its contexts, else the short form within its own, else the global."""
+        if self.model.persistent is not None:
+            return "global"
+        if self.cluster_attention and positions <= CLUSTER_ATTENTION_POSITIONS:
+            return "cluster"
+        if self.short_attention and short_attention_fits(self.model.config.head_dim, positions):
+            return "short"
+        return "global"
+
+    def _run(self, dense: bool, form: AttentionForm) -> Iterator[None]:
         chains = self.chains
-        key = (self.loop, dense, cluster, chains)
+        key = (self.loop, dense, form, chains)
         drv = self._drivers.get(key)
         if drv is None:
             drv = (
-                HostLoop(self.model, self.state, dense, cluster, chains)
+                HostLoop(self.model, self.state, dense, form, chains)
                 if self.loop == "host"
-                else DecodeGraph(self.model, self.state, dense, cluster, chains)
+                else DecodeGraph(self.model, self.state, dense, form, chains)
             )
             self._drivers[key] = drv
         if isinstance(drv, HostLoop):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from decoder_service.engines.base import CHAIN_TOKENS
 from decoder_service.engines.cuda.driver import Stream, multiprocessor_count, shared_memory_per_multiprocessor
 from decoder_service.engines.cuda.memory import DeviceBuffer
 from decoder_service.engines.cuda.module import Launch, Module
-from decoder_service.engines.cuda.persistent import PersistentDecode, decode_kernel_choice
+from decoder_service.engines.cuda.persistent import ATTN_MERGE_SPLIT, PersistentDecode, decode_kernel_choice
 from decoder_service.engines.cuda.weights import Fp8Weight, ModelWeights, upload_weights
 from decoder_service.engines.env import env_int
 from decoder_service.models.config import ModelConfig
@@ -88,6 +89,13 @@ ATTN_CLUSTER = 8
 ATTN_CHAIN_BLOCKS = 24
 CLUSTER_ATTENTION_POSITIONS = ATTN_CLUSTER * ATTN_CHUNK
 ATTN_COMPILED_HEAD_DIMS = (64, 128)  # attention_decode_hd128, attention_decode_cluster_hd64, ...
+# attention_decode_short_hd128 / _hd64: contexts of at most ATTN_MERGE_SPLIT chunks, without the split merge
+SHORT_ATTENTION_POSITIONS = ATTN_MERGE_SPLIT * ATTN_CHUNK
+# A single token's decode attention: "global" (attention_decode: per-head counter and merge, any context),
+# "cluster" (attention_decode_cluster, within CLUSTER_ATTENTION_POSITIONS), "short" (attention_decode_short, within
+# SHORT_ATTENTION_POSITIONS, compiled head_dims only). The same bits in every form; a forced chain's attention
+# takes the cluster form or else the global one.
+AttentionForm = Literal["global", "cluster", "short"]
 ATTN_STATIC_SHARED = 33_920  # attention's static shared memory (ptxas -v)
 MAX_SHARED_PER_BLOCK = 227 * 1024
 ARGMAX_THREADS = 1024
@@ -121,11 +129,21 @@ def attention_blocks_per_head(max_chunks: int, cluster: bool = False) -> int:
     return -(-blocks // ATTN_CLUSTER) * ATTN_CLUSTER if cluster else blocks
 
 
-def decode_attention_kernel(head_dim: int, cluster: bool = False, chain: bool = False) -> str:
+def decode_attention_kernel(head_dim: int, form: AttentionForm = "global", chain: bool = False) -> str:
     """The decode attention kernel a launch takes: attention_decode[_chain][_cluster], compiled for the model's
-    head_dim where it is one of ATTN_COMPILED_HEAD_DIMS (``_hd128``, ``_hd64``: the same bits, fewer instructions)."""
-    name = "attention_decode" + ("_chain" if chain else "") + ("_cluster" if cluster else "")
+    head_dim where it is one of ATTN_COMPILED_HEAD_DIMS (``_hd128``, ``_hd64``: the same bits, fewer instructions);
+    a single token's short form, attention_decode_short_hd128 or _hd64 (a chain's is the global one)."""
+    if form == "short" and head_dim not in ATTN_COMPILED_HEAD_DIMS:
+        raise ValueError(f"no short decode attention for head_dim {head_dim} (compiled: {ATTN_COMPILED_HEAD_DIMS})")
+    if form == "short" and not chain:
+        return f"attention_decode_short_hd{head_dim}"
+    name = "attention_decode" + ("_chain" if chain else "") + ("_cluster" if form == "cluster" else "")
     return f"{name}_hd{head_dim}" if head_dim in ATTN_COMPILED_HEAD_DIMS else name
+
+
+def short_attention_fits(head_dim: int, positions: int) -> bool:
+    """Whether a request whose every step stays within ``positions`` can take the short form."""
+    return head_dim in ATTN_COMPILED_HEAD_DIMS and positions <= SHORT_ATTENTION_POSITIONS
 
 
 def chain_attention_blocks(max_chunks: int, cluster: bool) -> int:
@@ -455,16 +473,16 @@ class CudaModel:
         pos: int,
         pos_ptr: int = 0,
         head: bool = True,
-        cluster_attention: bool = False,
+        attention: AttentionForm = "global",
         final_norm: bool = True,
     ) -> tuple[list[Launch], list[tuple[Launch, int]]]:
         """Launches for ``n`` tokens at positions pos..pos+n-1, then the final norm of the last token into
         ``xn`` (without ``head``, only with ``final_norm``) and, with ``head``, the dense head and argmax.
 
-        ``pos_ptr``: device address of the position (0: the host value ``pos``). ``cluster_attention``: decode
-        attention as attention_decode_cluster (the same bits, at any context; ``CudaEngine`` takes it for requests
-        within CLUSTER_ATTENTION_POSITIONS). Returns the launches and the (launch, argument index) pairs that carry
-        the host position.
+        ``pos_ptr``: device address of the position (0: the host value ``pos``). ``attention``: the single
+        token's decode attention form (AttentionForm; ``CudaEngine`` takes the cluster form for requests within
+        CLUSTER_ATTENTION_POSITIONS, else the short one within SHORT_ATTENTION_POSITIONS). Returns the launches and
+        the (launch, argument index) pairs that carry the host position.
         """
         c, w, k = self.config, self.weights, self.module.kernel
         eps = float(c.rms_norm_eps)
@@ -480,7 +498,7 @@ class CudaModel:
             # Decode (n == 1) fuses each RMSNorm into the GEMV that consumes it and the SwiGLU into the gate|up
             # GEMV that produces it; prefill runs them as separate kernels around the tiled GEMM.
             if n == 1:
-                layer = self._decode_layer(i, pos_ptr, pos, cluster_attention)
+                layer = self._decode_layer(i, pos_ptr, pos, attention)
                 launches += layer
                 pos_args.append((layer[1], 9))  # decode attention's host position
                 continue
@@ -569,7 +587,7 @@ class CudaModel:
         )
 
     def _decode_layer(
-        self, i: int, pos_ptr: int, pos: int, cluster_attention: bool, count_ptr: int = 0
+        self, i: int, pos_ptr: int, pos: int, attention: AttentionForm, count_ptr: int = 0
     ) -> list[Launch]:
         """Layer ``i`` of a decode step: the q|k|v GEMV (RMSNorm staged), decode attention (its host position at
         argument 9), the o GEMV with the residual, the gate|up GEMV writing silu(gate) * up, the down GEMV with the
@@ -593,7 +611,7 @@ class CudaModel:
                 count_ptr=count_ptr,
                 fp8=fp8.get("qkv"),
             ),
-            self._decode_attention(i, pos_ptr, pos, cluster_attention, count_ptr),
+            self._decode_attention(i, pos_ptr, pos, attention, count_ptr),
             gemv(
                 lw.o.ptr,
                 self.attn.ptr,
@@ -664,15 +682,16 @@ class CudaModel:
         return launches
 
     def _decode_attention(
-        self, layer: int, pos_ptr: int, pos: int, cluster: bool = False, count_ptr: int = 0
+        self, layer: int, pos_ptr: int, pos: int, form: AttentionForm = "global", count_ptr: int = 0
     ) -> Launch:
         """The new token's attention in one launch (cuda/attention_decode.cuh): q/k norm and rotary embedding,
-        the cache write, fixed 32-position chunks split over up to 24 blocks per head, and the merge (``cluster``:
-        attention_decode_cluster, whose grid is whole clusters of ATTN_CLUSTER blocks). With ``count_ptr``, the chain
+        the cache write, fixed 32-position chunks split over up to 24 blocks per head, and the merge (``form``: see
+        AttentionForm; the cluster form's grid is whole clusters of ATTN_CLUSTER blocks). With ``count_ptr``, the chain
         form (attention_decode_chain*): *count_ptr tokens from the position at ``pos_ptr``, a grid slice each (the
         global merge's: chain_attention_blocks per head, shared among the tokens)."""
         c, lw = self.config, self.weights.layers[layer]
-        name = decode_attention_kernel(c.head_dim, cluster, chain=bool(count_ptr))
+        name = decode_attention_kernel(c.head_dim, form, chain=bool(count_ptr))
+        cluster = form == "cluster"
         return Launch(
             self.module.kernel(name),
             (c.num_heads, chain_attention_blocks(self.max_chunks, cluster), CHAIN_TOKENS)
@@ -702,15 +721,15 @@ class CudaModel:
         )
 
     def step_launches(
-        self, token_ptr: int, pos_ptr: int, cluster_attention: bool = False, final_norm: bool = True
+        self, token_ptr: int, pos_ptr: int, attention: AttentionForm = "global", final_norm: bool = True
     ) -> tuple[list[Launch], list[tuple[Launch, int]]]:
         """One decode token's forward pass up to the final norm (into ``xn``), without a head; without
         ``final_norm``, up to the last layer (the sparse head normalises the row itself).
 
         Device-pointer form: ``token_ptr`` and ``pos_ptr`` hold the token and its position (a captured graph).
         Host-argument form (both 0): set the embedding's argument 2 to the token and the returned position
-        arguments to the position before each launch. ``cluster_attention``: as ``_build`` takes it (the
-        persistent decode kernel has its own attention and ignores it).
+        arguments to the position before each launch. ``attention``: as ``_build`` takes it (the persistent
+        decode kernel has its own attention and ignores it).
         """
         return self._build(
             1,
@@ -718,7 +737,7 @@ class CudaModel:
             pos=0,
             pos_ptr=pos_ptr,
             head=False,
-            cluster_attention=cluster_attention,
+            attention=attention,
             final_norm=final_norm,
         )
 
@@ -734,20 +753,21 @@ class CudaModel:
         )
 
     def chain_launches(
-        self, tokens_ptr: int, pos_ptr: int, count_ptr: int, cluster_attention: bool, final_norm: bool = True
+        self, tokens_ptr: int, pos_ptr: int, count_ptr: int, attention: AttentionForm, final_norm: bool = True
     ) -> list[Launch]:
         """The forward pass of a forced chain up to the final norm of its last token (into ``xn``; without
         ``final_norm``, up to the last layer, row *count_ptr - 1 of ``x`` being the last token's): the tokens at
         ``tokens_ptr``, *``count_ptr`` of them (2 to CHAIN_TOKENS), from the position at ``pos_ptr`` (device
         memory, the step's control block). Each token's values are the bits of ``step_launches`` at its position.
-        ``cluster_attention``: attention_decode_chain_cluster (the same bits)."""
+        ``attention``: the single token's form; "cluster" takes attention_decode_chain_cluster (the same bits), the
+        others attention_decode_chain."""
         if not self.supports_chains:
             raise ValueError("this model's decode step takes no forced chains (see supports_chains)")
         c, w, k = self.config, self.weights, self.module.kernel
         eps = float(c.rms_norm_eps)
         launches = [self._embed(CHAIN_TOKENS, tokens_ptr)]  # rows past the chain's are never read
         for i in range(c.num_layers):
-            launches += self._decode_layer(i, pos_ptr, 0, cluster_attention, count_ptr)
+            launches += self._decode_layer(i, pos_ptr, 0, attention, count_ptr)
         if not final_norm:
             return launches
         launches.append(
@@ -964,6 +984,11 @@ class CudaModel:
     def decode_launches(self) -> list[Launch]:
         """The packed decode step, in launch order (for capture into a graph)."""
         return list(self._decode)
+
+    def decode_step_launches(self, attention: AttentionForm) -> tuple[list[Launch], list[tuple[Launch, int]]]:
+        """The packed decode step's launches with another form of decode attention (the caller keeps each context
+        within that form's), and the (launch, argument index) pairs that carry the host position."""
+        return self._build(1, tokens_ptr=self.token.ptr, pos=0, attention=attention)
 
     def set_decode_position(self, position: int) -> None:
         """Set the host position argument of the packed decode step (``decode`` does this itself)."""

@@ -19,18 +19,18 @@ from typing import Any
 
 from decoder_service.engines.cuda import driver
 from decoder_service.engines.cuda.driver import call
-from decoder_service.engines.cuda.forward import CudaModel
+from decoder_service.engines.cuda.forward import AttentionForm, CudaModel
 from decoder_service.engines.cuda.module import Launch
 from decoder_service.engines.cuda.step import CTL, StepLaunches, StepState
 
 
 class DecodeGraph:
     """The instantiated graph of the loop for one model, one step state, one head and one form of decode attention
-    (``cluster_attention``: as ``CudaModel.step_launches`` takes it); ``chains``: the body's IF node and the chain's
+    (``attention``: as ``CudaModel.step_launches`` takes it); ``chains``: the body's IF node and the chain's
     forward pass (the model must support them)."""
 
     def __init__(
-        self, model: CudaModel, state: StepState, dense: bool, cluster_attention: bool = False, chains: bool = False
+        self, model: CudaModel, state: StepState, dense: bool, attention: AttentionForm = "global", chains: bool = False
     ) -> None:
         cu = driver.cu
         self._ctx = driver.init()
@@ -50,10 +50,10 @@ class DecodeGraph:
         single, _ = model.step_launches(
             token_ptr=state.ctl.ptr + 4 * CTL["token"],
             pos_ptr=state.ctl.ptr + 4 * CTL["pos"],
-            cluster_attention=cluster_attention,
+            attention=attention,
             final_norm=step.forward_norm,
         )
-        chain = state.chain_launches(model, cluster_attention, final_norm=step.forward_norm) if chains else []
+        chain = state.chain_launches(model, attention, final_norm=step.forward_norm) if chains else []
         cond = cu.CUgraphConditionalNodeType
         (body,), _ = self._conditional(self.graph, seed.first, self.handle, cond.CU_GRAPH_COND_TYPE_WHILE)
         if chains:  # an IF node of size 2: the chain's pass when its handle is set, else the single token's

@@ -5,26 +5,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from decoder_service.engines.cuda.forward import CudaModel
+from decoder_service.engines.cuda.forward import AttentionForm, CudaModel
 from decoder_service.engines.cuda.step import CTL, StepLaunches, StepState
 
 
 class HostLoop:
     """Seed step, then per step: read the control block, launch the forward pass (the single token's in host form,
     or a forced chain's, which reads its tokens from the control block), head, step (which masks the next node).
-    ``cluster_attention``: as ``CudaModel.step_launches`` takes it; ``chains``: whether the step may leave chains."""
+    ``attention``: as ``CudaModel.step_launches`` takes it; ``chains``: whether the step may leave chains."""
 
     def __init__(
-        self, model: CudaModel, state: StepState, dense: bool, cluster_attention: bool = False, chains: bool = False
+        self, model: CudaModel, state: StepState, dense: bool, attention: AttentionForm = "global", chains: bool = False
     ) -> None:
         self.model = model
         self.state = state
         self.step = StepLaunches(model, state, dense)
         norm = self.step.forward_norm
-        self.forward, self.pos_args = model.step_launches(
-            token_ptr=0, pos_ptr=0, cluster_attention=cluster_attention, final_norm=norm
-        )
-        self.chain = state.chain_launches(model, cluster_attention, final_norm=norm) if chains else []
+        self.forward, self.pos_args = model.step_launches(token_ptr=0, pos_ptr=0, attention=attention, final_norm=norm)
+        self.chain = state.chain_launches(model, attention, final_norm=norm) if chains else []
 
     def run(self) -> Iterator[None]:
         """Decode one answer, pausing after each step (the caller publishes pointers meanwhile)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from decoder_service.engines.cuda.driver import CudaError, Stream, call
-from decoder_service.engines.cuda.forward import F32, GEMV_WARPS, CudaModel, gemv_warps_per_row
+from decoder_service.engines.cuda.forward import F32, GEMV_WARPS, AttentionForm, CudaModel, gemv_warps_per_row
 from decoder_service.engines.cuda.memory import DeviceBuffer, MappedHostBuffer
 from decoder_service.engines.cuda.module import Launch
 
@@ -179,7 +179,7 @@ class StepState:
             raise CudaError(f"the step log disagrees with the published tokens of pointer {pub.pointer}")
         return float(sum(float(v) for v in rows[:, 2].view(np.float32)))
 
-    def chain_launches(self, model: CudaModel, cluster_attention: bool, final_norm: bool = True) -> list[Launch]:
+    def chain_launches(self, model: CudaModel, attention: AttentionForm, final_norm: bool = True) -> list[Launch]:
         """``model``'s forward pass of the forced chain this control block names (its tokens, first position and
         count), as both decode loops run it; ``final_norm``: as ``CudaModel.chain_launches`` takes it."""
         ctl = self.ctl.ptr
@@ -187,7 +187,7 @@ class StepState:
             tokens_ptr=ctl + 4 * CTL["chain"],
             pos_ptr=ctl + 4 * CTL["chain_pos"],
             count_ptr=ctl + 4 * CTL["nchain"],
-            cluster_attention=cluster_attention,
+            attention=attention,
             final_norm=final_norm,
         )
 

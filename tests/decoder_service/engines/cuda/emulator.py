@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from decoder_service.engines.cuda.forward import ATTN_CHUNK, ATTN_CLUSTER
+from decoder_service.engines.cuda.forward import ATTN_CHUNK, ATTN_CLUSTER, SHORT_ATTENTION_POSITIONS
 from decoder_service.engines.cuda.persistent import LAYER_FIELDS, LAYER_FORMAT, PLAN_FIELDS, PLAN_FORMAT
 from decoder_service.models.bf16 import bf16_bits_to_float32, float32_to_bf16_bits
 from tests.decoder_service.engines.cuda import reference as ref
@@ -602,6 +602,11 @@ class FakeDriver:
         last = int(self.view(a.count, np.int32, 1)[0]) - 1
         x = self.view(a.x + 4 * last * a.n, np.float32, a.n).reshape(1, a.n)
         self.view(a.out, np.float32, a.n)[:] = ref.rmsnorm(x, self._bf16(a.w, a.n), a.eps).ravel()
+
+    def k_attention_decode_short(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        """attention_decode's arithmetic, within ATTN_MERGE_SPLIT chunks (the kernel traps past them)."""
+        assert self._pos(a) < SHORT_ATTENTION_POSITIONS, f"position {self._pos(a)} is past the short form's contexts"
+        self.k_attention_decode(a, grid, block, shared)
 
     def k_attention_decode_cluster(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         """attention_decode's arithmetic; its compile-time clusters need a grid of whole clusters a head."""

@@ -6,6 +6,7 @@ records and the prefix cache plumbing. The kernels' own arithmetic is checked on
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 
@@ -168,21 +169,67 @@ def test_cluster_attention_serves_the_requests_that_fit_it(fake_driver, tiny_mod
     assert answers["attention_decode_cluster"] == answers["attention_decode"]
 
 
-def test_cluster_attention_switch_comes_from_the_environment(fake_driver, tiny_model, monkeypatch) -> None:
-    from decoder_service.engines.cuda.engine import CLUSTER_ATTENTION_ENV, CudaEngine
+@pytest.mark.parametrize(("variable", "attribute"), [("CLUSTER", "cluster_attention"), ("SHORT", "short_attention")])
+def test_attention_form_switches_come_from_the_environment(
+    fake_driver, tiny_model, monkeypatch, variable: str, attribute: str
+) -> None:
+    from decoder_service.engines.cuda.engine import CudaEngine
     from decoder_service.engines.cuda.module import Module
 
+    name = f"TOOLTRIE_{variable}_ATTENTION"
     for value, expected in (("1", True), ("0", False), ("", True), (None, True)):
         if value is None:
-            monkeypatch.delenv(CLUSTER_ATTENTION_ENV, raising=False)
+            monkeypatch.delenv(name, raising=False)
         else:
-            monkeypatch.setenv(CLUSTER_ATTENTION_ENV, value)
+            monkeypatch.setenv(name, value)
         engine = CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=512)
-        assert engine.cluster_attention is expected
+        assert getattr(engine, attribute) is expected
         engine.free()
-    monkeypatch.setenv(CLUSTER_ATTENTION_ENV, "2")
-    with pytest.raises(ValueError, match="TOOLTRIE_CLUSTER_ATTENTION=2 is out of range"):
+    monkeypatch.setenv(name, "2")
+    with pytest.raises(ValueError, match=f"{name}=2 is out of range"):
         CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=512)
+
+
+@pytest.mark.parametrize("loop", ["host", "graph"])
+def test_short_attention_serves_the_requests_that_fit_it(fake_driver, tiny_catalog, monkeypatch, loop) -> None:
+    """With head_dim 64 (a compiled one) and the cluster form off, a request within SHORT_ATTENTION_POSITIONS takes
+    attention_decode_short (a chain would keep attention_decode_chain), a longer one (here: a limit below the
+    prompt) attention_decode, and the answers agree (one numpy reference in emulation: this checks
+    the choice, its launches, and the emulator's check that no short launch runs past its contexts)."""
+    from decoder_service.engines.base import DecodeRequest
+    from decoder_service.engines.cuda import forward
+    from decoder_service.engines.cuda.engine import CudaEngine
+    from decoder_service.engines.cuda.module import Module
+    from decoder_service.models.synth import PRESETS, synthetic_weights
+
+    cfg = dataclasses.replace(PRESETS["tiny"], head_dim=64)
+    weights = dict(synthetic_weights(cfg, 7))
+    answers, passes = {}, {"forced_tail": False, "forced_chains": False}  # a forward pass a token
+    for limit, form in ((forward.SHORT_ATTENTION_POSITIONS, "short"), (0, "global")):
+        monkeypatch.setattr(forward, "SHORT_ATTENTION_POSITIONS", limit)
+        engine = CudaEngine(
+            cfg, weights, loop=loop, module=Module(b"cubin"), max_context=512, cluster_attention=False, **passes
+        )
+        fake_driver.launches.clear()
+        events = list(engine.decode(DecodeRequest("Read the config file", 2, tiny_catalog)))
+        used = {name for name in fake_driver.launches if name.startswith("attention_decode")}
+        single = "attention_decode_short_hd64" if form == "short" else "attention_decode_hd64"
+        assert used == {single}
+        assert {key[2] for key in engine._drivers} == {form}
+        answers[form] = [e.name for e in events[:-1]]
+        engine.free()
+    assert answers["short"] == answers["global"]
+
+
+def test_short_attention_needs_a_compiled_head_dim() -> None:
+    from decoder_service.engines.cuda.forward import decode_attention_kernel, short_attention_fits
+
+    assert decode_attention_kernel(128, "short") == "attention_decode_short_hd128"
+    assert decode_attention_kernel(64, "short", chain=True) == "attention_decode_chain_hd64"
+    assert short_attention_fits(128, 1024) and not short_attention_fits(128, 1025)
+    assert not short_attention_fits(16, 100)
+    with pytest.raises(ValueError, match="no short decode attention for head_dim 16"):
+        decode_attention_kernel(16, "short")
 
 
 @pytest.mark.parametrize("loop", ["host", "graph"])
@@ -221,7 +268,7 @@ def test_forced_chains_need_the_layered_streaming_step(fake_driver, tiny_model, 
     )
     assert layered.chains and not persistent.chains and persistent.chain_tokens == 1
     with pytest.raises(ValueError, match="takes no forced chains"):
-        persistent.model.chain_launches(0, 0, 0, cluster_attention=False)
+        persistent.model.chain_launches(0, 0, 0, attention="global")
     monkeypatch.setenv(FORCED_CHAINS_ENV, "0")
     assert not CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=512).chains
     for engine in (layered, persistent):

@@ -14,6 +14,8 @@ Gates (every token and every logit bit of the answer compared through the step t
  12 forced chains through one forward pass (the default) == a forward pass per token, in both loops (as gate 11)
  13 the FP8 weight format (single-token GEMVs on e4m3 bytes) == the bf16 format, on the same quantized weights,
     in both loops
+ 14 the short decode attention (the default within 1,024 positions past the cluster form's) == the global form, on
+    SmolLM2's shape (head_dim 64) after a 700-token prefix, in both loops
 Every engine runs the product's defaults but for the one setting its gate varies.
 Models are synthetic (fixed seeds, generated here); catalogs are explicit token sequences.
 """
@@ -115,8 +117,10 @@ def canary_trie():
 PREFIX = list(range(300, 340))
 
 
-def _answer(engine, trie, intent: list[int], k: int = 4, key: str = "prefix") -> tuple[list, np.ndarray]:
-    events = list(engine.decode_ids(trie, k, PREFIX, intent, cache_key=key))
+def _answer(
+    engine, trie, intent: list[int], k: int = 4, key: str = "prefix", prefix: list[int] = PREFIX
+) -> tuple[list, np.ndarray]:
+    events = list(engine.decode_ids(trie, k, prefix, intent, cache_key=key))
     pointers = [(e.pointer_id, e.token_ids, e.score) for e in events if isinstance(e, PointerEvent)]
     return pointers, engine.read_trace().copy()
 
@@ -227,11 +231,11 @@ def test_gate9_persistent_decode_kernel_equals_layered_kernels(engines, product_
 
 def test_gate10_cluster_attention_equals_global_merge(engines, product_trie, reference_answers) -> None:
     intents = _intents(N_GATE_INTENTS, PRESETS["tiny"].vocab_size, 11)
-    # (loop, dense head, cluster attention): the reference's short requests took the cluster kernel
-    assert ("host", False, True, True) in engines("sparse", "host")._drivers
+    # (loop, dense head, attention form, chains): the reference's short requests took the cluster kernel
+    assert ("host", False, "cluster", True) in engines("sparse", "host")._drivers
     merged = {loop: engines("sparse", loop, cluster_attention=False) for loop in ("graph", "host")}
     answers = {loop: _answers(engine, product_trie, intents) for loop, engine in merged.items()}
-    assert all(key[2] is False for engine in merged.values() for key in engine._drivers)
+    assert all(key[2] == "global" for engine in merged.values() for key in engine._drivers)  # head_dim 16: no short
     _gate(
         "10 cluster attention merge == global merge",
         all(_same(a, reference_answers) for a in answers.values()),
@@ -292,6 +296,35 @@ def test_gate13_fp8_weights_equal_bf16_weights(qwen3_tiny, product_trie) -> None
         for engine in made:
             engine.free()
     _gate("13 FP8 weight format == bf16 format on the same weights", same, loops="graph and host")
+
+
+def test_gate14_short_attention_equals_global_merge() -> None:
+    """attention_decode_short (no split merge compiled in) against attention_decode on SmolLM2's shape (head_dim 64),
+    after a 700-token prefix: 23-24 chunks, so the serial merge's hand-over of its second batch runs."""
+    from decoder_service.engines.cuda.engine import CudaEngine
+
+    cfg = PRESETS["smollm2-shape"]
+    weights = _weights(cfg, 21)
+    trie = random_catalog(np.random.default_rng(8), 40, cfg.vocab_size, SEP, STOP)
+    prefix, intents = list(range(300, 1000)), _intents(8, cfg.vocab_size, 11)
+
+    def answers(engine: CudaEngine) -> list[tuple[list, np.ndarray]]:
+        return [_answer(engine, trie, intent, key="long", prefix=prefix) for intent in intents]
+
+    settings = {"max_context": 1024}  # past the cluster form's 256 positions
+    made = [CudaEngine(cfg, weights, loop="host", short_attention=False, **settings)]
+    try:
+        reference = answers(made[0])
+        assert {key[2] for key in made[0]._drivers} == {"global"}
+        same = True
+        for loop in ("graph", "host"):
+            made.append(CudaEngine(cfg, weights, loop=loop, short_attention=True, **settings))
+            same &= _same(answers(made[-1]), reference)
+            assert {key[2] for key in made[-1]._drivers} == {"short"}  # the gate compares what it claims
+    finally:
+        for engine in made:
+            engine.free()
+    _gate("14 short attention (no split merge) == global merge", same, loops="graph and host")
 
 
 def test_wide_node_uses_dense_head(engines) -> None:

@@ -16,6 +16,7 @@ from decoder_service.engines.cuda.forward import (
     ATTN_CHUNK,
     ATTN_COMPILED_HEAD_DIMS,
     GSTREAM_THREADS,
+    SHORT_ATTENTION_POSITIONS,
     gemv_groups,
     gemv_stream_shared,
     gstream_slot_bytes,
@@ -729,7 +730,8 @@ def test_decode_attention(
     dev: Device, rng: np.random.Generator, hd: int, pos0: int, device_pos: bool, qk_norm: bool
 ) -> None:
     """The one-launch decode attention against float64; bit-identical whatever the number of blocks per head and
-    whether the merge runs in a cluster (attention_decode_cluster, up to 8 chunks) or through global records;
+    whether the merge runs in a cluster (attention_decode_cluster, up to 8 chunks) or through global records (also
+    in the short form, attention_decode_short, up to ATTN_MERGE_SPLIT chunks);
     the cache row it writes is bit-identical to the prefill kernel's; the merge counters are left at zero."""
     heads, kv, ctx, theta, eps = 8, 2, 2048, 1e6, 1e-6
     chunks = ctx // ATTN_CHUNK
@@ -756,6 +758,8 @@ def test_decode_attention(
     if hd in ATTN_COMPILED_HEAD_DIMS:  # compiled for this head_dim
         runs += [(f"attention_decode_hd{hd}", 16), (f"attention_decode_hd{hd}", 3)]
         runs.append((f"attention_decode_cluster_hd{hd}", 8))
+        if pos0 < SHORT_ATTENTION_POSITIONS:  # at most ATTN_MERGE_SPLIT chunks
+            runs += [(f"attention_decode_short_hd{hd}", 16), (f"attention_decode_short_hd{hd}", 3)]
     for kernel, blocks in runs:
         kb, vb, out = dev.put(k_bits), dev.put(v_bits), dev.poisoned(heads * hd)
         bufs = {"qkv": qb.ptr, "q_norm": qn_ptr, "k_norm": kn_ptr, "k": kb.ptr, "v": vb.ptr}
