@@ -259,7 +259,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
         f"- toolchain: {env[2]}; {env[4]}",
         *code_identity_lines(keyed),
         "- command: `OUT=<dir> scripts/gpu_run.sh` from the repository root, then "
-        "`python3 bench/gpu_decode.py --report <dir> --results results`",
+        f"`python3 bench/gpu_decode.py --report <dir> --results {results_dir}`",
         "",
         "## Bit-identity gates (tests/decoder_service/engines/cuda/test_engine_gpu.py)",
         "",

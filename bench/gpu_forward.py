@@ -496,7 +496,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
         f"- toolchain: {env_lines[2]}; {env_lines[4]}",
         *code_identity_lines(keyed),
         "- command: `OUT=<dir> scripts/gpu_run.sh` from the repository root, then "
-        "`python3 bench/gpu_forward.py --report <dir> --results results`",
+        f"`python3 bench/gpu_forward.py --report <dir> --results {results_dir}`",
         "",
         "## Kernels against float64 numpy references (fresh random inputs, outputs NaN-poisoned; bound 1e-2)",
         "",
