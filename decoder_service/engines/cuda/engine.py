@@ -89,7 +89,7 @@ class CudaEngine(Engine):
     attention_decode_cluster when its prompt and longest answer stay within CLUSTER_ATTENTION_POSITIONS (the same
     bits, gate 10; on an H200 35 µs per token faster there and slower past it, docs/cuda-speed-notes.md #65-#66).
     Default $TOOLTRIE_CLUSTER_ATTENTION, else on. ``short_attention``: otherwise, within SHORT_ATTENTION_POSITIONS
-    and for a compiled head_dim, as attention_decode_short (the same bits, gate 14; on an H100 7-8 µs per token faster
+    and for a compiled head_dim, as attention_decode_short (the same bits, gate 14; on an H100 7 µs per token faster
     at 300 and 708 positions, #133). Default $TOOLTRIE_SHORT_ATTENTION, else on. ``forced_tail``: once the grammar
     leaves one legal token at every remaining step, the step kernel takes them all and the loop ends without their
     forward passes (the same tokens and scores, gate 11). Default $TOOLTRIE_FORCED_TAIL, else on. ``forced_chains``: the
