@@ -99,8 +99,8 @@ def bench_shape(name: str, n_intents: int, k: int, prompt: int, fp8_only: bool =
             engine = stepping(head=head, loop=loop)
         engine.head = head
         out[f"{loop}/{head}"] = measure(engine, trie, prefix, intents, k)
-        if (loop, head) == ("graph", "sparse"):  # (loop, dense head, cluster attention): the default's drivers
-            out["cluster_merge_used"] = any(key[:3] == ("graph", False, True) for key in engine._drivers)
+        if (loop, head) == ("graph", "sparse"):  # the default's decode attention
+            out["cluster_merge_used"] = engine.last_attention == "cluster"
         print(f"{name:18s} {loop:5s} {head:6s} {out[f'{loop}/{head}']['ms_per_token']:8.3f} ms/token", flush=True)
     engine.free()
     engine.module.unload()
@@ -204,6 +204,11 @@ def tail_cell(b: dict, key: str) -> str:
     """A figure of the default variant (absent from runs before it existed)."""
     value = b.get("graph/sparse/default", {}).get(key)
     return "-" if value is None else f"{value:.3f} ms"
+
+
+def _yes_no(flag: bool | None) -> str:
+    """A recorded check, or "not recorded" where the run's bench did not record it."""
+    return "not recorded" if flag is None else "yes" if flag else "no"
 
 
 def end_to_end_section(log: Path) -> list[str]:
@@ -310,7 +315,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
         "Kernels are launched with programmatic dependent launch (PDL) unless the column says otherwise. The",
         "default merges each head's attention chunks inside a thread-block cluster (attention_decode_cluster, for",
         "requests within 256 positions); it took that kernel: "
-        + ", ".join(f"{b['shape']} {'yes' if b.get('cluster_merge_used') else 'no'}" for b in bench["shapes"])
+        + ", ".join(f"{b['shape']} {_yes_no(b.get('cluster_merge_used'))}" for b in bench["shapes"])
         + ". The global-merge column merges through global records and a counter (attention_decode) instead; the"
         " short-attention column does so with attention_decode_short (no merge past 32 chunks compiled in), which"
         " the product takes for requests past 256 and within 1,024 positions.",

@@ -155,6 +155,7 @@ class CudaEngine(Engine):
         self._lock = threading.Lock()
         self.last_steps = 0
         self.last_streamed = 0  # pointers of the last answer yielded while the device loop still ran
+        self.last_attention: AttentionForm | None = None  # the decode attention the last answer took
 
     # -- the engine interface -----------------------------------------------------------------------------
     def decode(self, request: DecodeRequest) -> Iterator[Event]:
@@ -216,7 +217,7 @@ class CudaEngine(Engine):
         self.model.prefill(list(suffix_ids))
         prompt_tokens = self.model.length
         dense = self._start(trie, k, max_steps, prompt_tokens, allowed)
-        form = self._attention_form(prompt_tokens + max_steps)
+        form = self.last_attention = self._attention_form(prompt_tokens + max_steps)
         prefill_seconds = time.perf_counter() - t0
 
         decode_start = time.perf_counter()

@@ -156,6 +156,7 @@ def test_cluster_attention_serves_the_requests_that_fit_it(fake_driver, tiny_mod
         }
         # the chain forms (attention_decode_chain*) and the forms compiled for one head_dim follow the same choice
         assert used == {expected}
+        assert engine.last_attention == ("cluster" if limit else "global")  # the form the benchmarks report
         answers[expected] = [e.name for e in events[:-1]]
         engine.free()
     off = CudaEngine(*tiny_model, loop=loop, module=Module(b"cubin"), max_context=512, cluster_attention=False)
@@ -216,6 +217,7 @@ def test_short_attention_serves_the_requests_that_fit_it(fake_driver, tiny_catal
         single = "attention_decode_short_hd64" if form == "short" else "attention_decode_hd64"
         assert used == {single}
         assert {key[2] for key in engine._drivers} == {form}
+        assert engine.last_attention == form
         answers[form] = [e.name for e in events[:-1]]
         engine.free()
     assert answers["short"] == answers["global"]
