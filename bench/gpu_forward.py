@@ -311,6 +311,15 @@ def prefill_study(stream: Stream, model: CudaModel, prefix: int, suffix: int) ->
     for label in sorted({launch.label for launch in launches}):
         rest = [launch for launch in launches if launch.label != label]
         shares[label] = {"launches": len(launches) - len(rest), "ms": graph - graph_ms(stream, rest, 20)}
+    # The same launches with `attention` (a block per head and token) where the model groups a kv head's queries.
+    kernel, plain_ms = model.prefill_attention, None
+    if kernel != "attention":
+        model.prefill_attention = "attention"
+        try:
+            plain, _ = model._build(suffix, tokens_ptr=model.tokens.ptr, pos=prefix)
+            plain_ms = graph_ms(stream, plain, 20)
+        finally:
+            model.prefill_attention = kernel
     model.length = prefix
     return {
         "prefix": prefix,
@@ -320,6 +329,8 @@ def prefill_study(stream: Stream, model: CudaModel, prefix: int, suffix: int) ->
         "call_ms_median": float(np.median(calls)),
         "graph_ms": graph,
         "graph_share_ms": shares,
+        "attention_kernel": kernel,
+        "graph_ms_with_plain_attention": plain_ms,
     }
 
 
@@ -603,6 +614,12 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
             f"list skips after the first), the same launches replayed as a graph {pre['graph_ms']:.1f} ms. Each "
             f"kernel's share of the graph (launches): {shares}.",
         ]
+        if pre.get("graph_ms_with_plain_attention") is not None:
+            lines[-1] += (
+                f" Its attention is {pre['attention_kernel']} (a block per kv head and group of tokens); with "
+                f"`attention` (a block per head and token, the same bits) the graph takes "
+                f"{pre['graph_ms_with_plain_attention']:.1f} ms."
+            )
     for position, row in (b.get("forced_chain") or {}).items():
         shares = ", ".join(
             f"{label} {ms:.3f}" for label, ms in sorted(row["chain_breakdown_ms"].items(), key=lambda kv: -kv[1])

@@ -96,6 +96,12 @@ SHORT_ATTENTION_POSITIONS = ATTN_MERGE_SPLIT * ATTN_CHUNK
 # SHORT_ATTENTION_POSITIONS, compiled head_dims only). The same bits in every form; a forced chain's attention
 # takes the cluster form or else the global one.
 AttentionForm = Literal["global", "cluster", "short"]
+# Prefill attention: attention_prefill_hd128 / _hd64 serve up to ATTN_PREFILL_QUERIES (token, q head) queries of
+# one kv head a block with `attention`'s bits; other head_dims, or groups past that, take `attention` itself.
+# $TOOLTRIE_PREFILL_ATTENTION=0 keeps `attention` everywhere (the benchmarks' comparison).
+ATTN_PREFILL_QUERIES = 8
+ATTN_PREFILL_ROWS = 256  # positions a tile (cuda/attention.cuh)
+PREFILL_ATTENTION_ENV = "TOOLTRIE_PREFILL_ATTENTION"
 ATTN_STATIC_SHARED = 33_920  # attention's static shared memory (ptxas -v)
 MAX_SHARED_PER_BLOCK = 227 * 1024
 ARGMAX_THREADS = 1024
@@ -139,6 +145,28 @@ def decode_attention_kernel(head_dim: int, form: AttentionForm = "global", chain
         return f"attention_decode_short_hd{head_dim}"
     name = "attention_decode" + ("_chain" if chain else "") + ("_cluster" if form == "cluster" else "")
     return f"{name}_hd{head_dim}" if head_dim in ATTN_COMPILED_HEAD_DIMS else name
+
+
+def prefill_attention_kernel(head_dim: int, group: int, grouped: bool = True) -> str:
+    """The prefill attention kernel for this geometry: the grouped form (grouped and a compiled head_dim and a kv
+    group within ATTN_PREFILL_QUERIES), else `attention`, a block per (head, token). Both give the same bits."""
+    if grouped and head_dim in ATTN_COMPILED_HEAD_DIMS and group <= ATTN_PREFILL_QUERIES:
+        return f"attention_prefill_hd{head_dim}"
+    return "attention"
+
+
+def prefill_attention_shared(head_dim: int) -> int:
+    """attention_prefill_hd*'s dynamic shared memory (attn_prefill_shared in cuda/attention.cuh): two tiles of K
+    rows, each row padded by 16 bytes, and one of V rows."""
+    return ATTN_PREFILL_ROWS * (2 * (head_dim * KV_ENTRY_BYTES + 16) + head_dim * KV_ENTRY_BYTES)
+
+
+def prefill_tokens_per_block(group: int) -> int:
+    """Tokens a block of the grouped prefill attention takes: as many as its ATTN_PREFILL_QUERIES queries hold, so
+    that every K and V row it reads serves as many queries as it can. Fewer tokens a block, for more blocks, was
+    slower: a block takes a whole SM's shared memory at head_dim 128, so blocks past the SMs form a second wave
+    (on an H100, 36 tokens after 4,249 positions: 240 µs a layer at 3 or 4 tokens a block, 378 at 2, 545 at 1)."""
+    return max(1, ATTN_PREFILL_QUERIES // group)
 
 
 def short_attention_fits(head_dim: int, positions: int) -> bool:
@@ -376,6 +404,11 @@ class CudaModel:
             raise ValueError(f"max_context {max_context} needs more shared memory than a block has; at most {limit}")
         if self.attn_shared + ATTN_STATIC_SHARED > DEFAULT_SHARED_LIMIT:
             module.kernel("attention").set_max_dynamic_shared(self.attn_shared)
+        grouped = env_int(PREFILL_ATTENTION_ENV, 1, 0, 1) == 1
+        self.prefill_attention = prefill_attention_kernel(c.head_dim, c.num_heads // c.num_kv_heads, grouped)
+        self.prefill_attention_shared = prefill_attention_shared(c.head_dim)
+        if self.prefill_attention != "attention":
+            module.kernel(self.prefill_attention).set_max_dynamic_shared(self.prefill_attention_shared)
         gemv_shared = max(c.hidden_size, self.q_width, c.intermediate_size) * F32  # the staged input row
         if gemv_shared > DEFAULT_SHARED_LIMIT - 1024:
             if gemv_shared > MAX_SHARED_PER_BLOCK - 1024:
@@ -527,24 +560,7 @@ class CudaModel:
                     ("f32", eps),
                 ],
             )
-            attn = Launch(
-                k("attention"),
-                (c.num_heads, n, 1),
-                (ATTN_THREADS, 1, 1),
-                [
-                    ("ptr", self.qkv.ptr),
-                    ("ptr", self.k_cache[i].ptr),
-                    ("ptr", self.v_cache[i].ptr),
-                    ("ptr", self.attn.ptr),
-                    ("ptr", pos_ptr),
-                    ("i32", pos),
-                    ("i32", c.num_heads),
-                    ("i32", c.num_kv_heads),
-                    ("i32", c.head_dim),
-                    ("f32", 1.0 / math.sqrt(c.head_dim)),
-                ],
-                shared_bytes=self.attn_shared,
-            )
+            attn = self._prefill_attention(i, n, pos_ptr, pos)
             launches += [rope, attn]
             pos_args += [(rope, 6), (attn, 5)]
             total = n * c.intermediate_size
@@ -927,6 +943,30 @@ class CudaModel:
     def reset(self) -> None:
         """Start a new sequence (the cache is overwritten from position 0)."""
         self.length = 0
+
+    def _prefill_attention(self, layer: int, n: int, pos_ptr: int, pos: int) -> Launch:
+        """Layer ``layer``'s attention for ``n`` tokens from position ``pos`` (or *pos_ptr); its host position is
+        argument 5 in both forms."""
+        c = self.config
+        caches = [("ptr", self.qkv.ptr), ("ptr", self.k_cache[layer].ptr), ("ptr", self.v_cache[layer].ptr)]
+        caches += [("ptr", self.attn.ptr), ("ptr", pos_ptr), ("i32", pos)]
+        scale = ("f32", 1.0 / math.sqrt(c.head_dim))
+        if self.prefill_attention == "attention":
+            return Launch(
+                self.module.kernel("attention"),
+                (c.num_heads, n, 1),
+                (ATTN_THREADS, 1, 1),
+                [*caches, ("i32", c.num_heads), ("i32", c.num_kv_heads), ("i32", c.head_dim), scale],
+                shared_bytes=self.attn_shared,
+            )
+        per_block = prefill_tokens_per_block(c.num_heads // c.num_kv_heads)
+        return Launch(
+            self.module.kernel(self.prefill_attention),
+            (c.num_kv_heads, -(-n // per_block), 1),
+            (ATTN_THREADS, 1, 1),
+            [*caches, ("i32", n), ("i32", per_block), ("i32", c.num_heads), ("i32", c.num_kv_heads), scale],
+            shared_bytes=self.prefill_attention_shared,
+        )
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Append ``tokens`` to the sequence in chunks of ``max_prefill``; logits and argmax of the last one follow."""

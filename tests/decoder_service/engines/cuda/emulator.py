@@ -14,7 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from decoder_service.engines.cuda.forward import ATTN_CHUNK, ATTN_CLUSTER, SHORT_ATTENTION_POSITIONS
+from decoder_service.engines.cuda.forward import (
+    ATTN_CHUNK,
+    ATTN_CLUSTER,
+    ATTN_PREFILL_QUERIES,
+    SHORT_ATTENTION_POSITIONS,
+    prefill_attention_shared,
+)
 from decoder_service.engines.cuda.persistent import LAYER_FIELDS, LAYER_FORMAT, PLAN_FIELDS, PLAN_FORMAT
 from decoder_service.models.bf16 import bf16_bits_to_float32, float32_to_bf16_bits
 from tests.decoder_service.engines.cuda import reference as ref
@@ -281,8 +287,10 @@ class FakeDriver:
     def _run(self, f: str, args: dict, grid: tuple, block: tuple, shared: int) -> None:
         self.launches.append(f)
         a = SimpleNamespace(**args)
-        compiled = re.fullmatch(r"(attention_decode\w*)_hd(\d+)", f)
+        compiled = re.fullmatch(r"(attention_decode\w*|attention_prefill)_hd(\d+)", f)
         if compiled:  # a form compiled for one head_dim: the generic kernel's values, for that head_dim only
+            if not hasattr(a, "head_dim"):  # attention_prefill_hd*: the head_dim is the compiled one alone
+                a.head_dim = int(compiled[2])
             assert a.head_dim == int(compiled[2]), f"{f} launched for head_dim {a.head_dim}"
             f = compiled[1]
         getattr(self, "k_" + f)(a, grid, block, shared)
@@ -564,6 +572,15 @@ class FakeDriver:
         q = self.view(a.qkv, np.float32, t * width).reshape(t, width)[:, : h * hd].reshape(t, h, hd)
         kc, vc = self._kv_values(a.k_cache, pos0 + t, kv, hd), self._kv_values(a.v_cache, pos0 + t, kv, hd)
         self.view(a.out, np.float32, t * h * hd)[:] = ref.attention(q.astype(np.float64), kc, vc, pos0).ravel()
+
+    def k_attention_prefill(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        """attention_prefill_hd*: `attention`'s values (the GPU test holds it to `attention`'s bits), with the grid
+        and tile it needs: a block per kv head and tokens_per_block tokens, their queries within one block."""
+        group = a.n_heads // a.n_kv_heads
+        assert grid == (a.n_kv_heads, -(-a.n_tokens // a.tokens_per_block), 1) and block[0] == 256
+        assert a.tokens_per_block * group <= ATTN_PREFILL_QUERIES
+        assert shared >= prefill_attention_shared(a.head_dim), "its K and V tiles do not fit the shared memory"
+        self.k_attention(a, (a.n_heads, a.n_tokens, 1), block, 4 * (self._pos(a) + a.n_tokens))
 
     def k_attention_decode(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         assert grid[0] == a.n_heads and block[0] == 256

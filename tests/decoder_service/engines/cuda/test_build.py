@@ -11,11 +11,14 @@ import pytest
 
 from decoder_service.engines.cuda import cuda_available
 from decoder_service.engines.cuda.forward import (
+    ATTN_COMPILED_HEAD_DIMS,
     ATTN_STATIC_SHARED,
     GSTREAM_CHAIN_STATIC_SHARED,
     GSTREAM_CHAIN_WIDE_STATIC_SHARED,
     GSTREAM_STATIC_SHARED,
+    MAX_SHARED_PER_BLOCK,
     check_config,
+    prefill_attention_shared,
 )
 from decoder_service.engines.cuda.memory import to_bf16_bits
 from decoder_service.engines.cuda.persistent import PDEC_STATIC_SHARED
@@ -57,6 +60,8 @@ def test_cubin_builds_with_every_kernel(product_cubin: Path) -> None:
         "rope_table",
         "qk_norm_rope_cache",
         "attention",
+        "attention_prefill_hd128",
+        "attention_prefill_hd64",
         "attention_decode",
         "attention_decode_cluster",
         "decode_persistent",
@@ -170,3 +175,5 @@ def test_host_shared_memory_constants_cover_the_kernels(tmp_path: Path) -> None:
     assert shared["gemv_stream_chain16_bf16"] <= GSTREAM_CHAIN_WIDE_STATIC_SHARED
     assert shared["gemv_stream_chain16_swiglu_bf16"] <= GSTREAM_CHAIN_WIDE_STATIC_SHARED
     assert shared["attention"] <= ATTN_STATIC_SHARED
+    for head_dim in ATTN_COMPILED_HEAD_DIMS:  # the grouped prefill attention's tiles beside its static memory
+        assert shared[f"attention_prefill_hd{head_dim}"] + prefill_attention_shared(head_dim) <= MAX_SHARED_PER_BLOCK

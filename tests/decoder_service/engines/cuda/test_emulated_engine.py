@@ -275,3 +275,28 @@ def test_forced_chains_need_the_layered_streaming_step(fake_driver, tiny_model, 
     assert not CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=512).chains
     for engine in (layered, persistent):
         engine.free()
+
+
+def test_prefill_attention_groups_queries_where_a_form_is_compiled(fake_driver, tiny_catalog, monkeypatch) -> None:
+    """Prefill attention takes attention_prefill_hd64 for head_dim 64 (each block a kv head's queries of up to
+    ATTN_PREFILL_QUERIES / group tokens, the emulator checks the grid) and `attention` with
+    TOOLTRIE_PREFILL_ATTENTION=0 or for head_dim 16 (the tiny preset's); the answers agree (in emulation both are
+    one numpy reference: the GPU test holds the two kernels to the same bits)."""
+    from decoder_service.engines.base import DecodeRequest
+    from decoder_service.engines.cuda.engine import CudaEngine
+    from decoder_service.engines.cuda.forward import PREFILL_ATTENTION_ENV
+    from decoder_service.engines.cuda.module import Module
+    from decoder_service.models.synth import PRESETS, synthetic_weights
+
+    answers = {}
+    for head_dim, grouped, expected in ((64, "1", "attention_prefill_hd64"), (64, "0", "attention"), (16, "1", None)):
+        monkeypatch.setenv(PREFILL_ATTENTION_ENV, grouped)
+        cfg = dataclasses.replace(PRESETS["tiny"], head_dim=head_dim)
+        engine = CudaEngine(cfg, dict(synthetic_weights(cfg, 7)), loop="host", module=Module(b"cubin"), max_context=512)
+        fake_driver.launches.clear()
+        events = list(engine.decode(DecodeRequest("Read the config file", 2, tiny_catalog)))
+        used = {name for name in fake_driver.launches if name == "attention" or name.startswith("attention_prefill")}
+        assert used == {expected or "attention"}
+        answers[(head_dim, grouped)] = [e.name for e in events[:-1]]
+        engine.free()
+    assert answers[(64, "1")] == answers[(64, "0")]

@@ -15,11 +15,14 @@ from decoder_service.engines.cpu.kv_cache import round_to_bf16
 from decoder_service.engines.cuda.forward import (
     ATTN_CHUNK,
     ATTN_COMPILED_HEAD_DIMS,
+    ATTN_THREADS,
     GSTREAM_THREADS,
     SHORT_ATTENTION_POSITIONS,
     gemv_groups,
     gemv_stream_shared,
     gstream_slot_bytes,
+    prefill_attention_kernel,
+    prefill_attention_shared,
 )
 from decoder_service.engines.cuda.memory import DeviceBuffer, to_bf16_bits
 from decoder_service.models.bf16 import bf16_bits_to_float32
@@ -677,6 +680,63 @@ def test_attention(dev: Device, rng: np.random.Generator, hd: int, t: int, pos0:
     q = qkv[:, : heads * hd].reshape(t, heads, hd).astype(np.float64)
     expected = ref.attention(q, k_cache, v_cache, pos0)
     check(f"attention/hd={hd},t={t},pos0={pos0}", dev.get(out, F32, (t, heads * hd)), expected)
+
+
+@pytest.mark.parametrize(
+    ("hd", "heads", "kv", "t", "pos0", "per_block", "device_pos"),
+    [
+        (128, 16, 8, 36, 700, 2, False),  # Qwen3-1.7B's heads: a request suffix after a prefix of three tiles
+        (128, 16, 8, 37, 219, 4, True),  # the last block short of tokens; a tile boundary inside the block
+        (128, 8, 2, 70, 0, 2, False),  # a prompt's first chunk: every query's context starts at 0
+        (64, 9, 3, 36, 300, 2, False),  # SmolLM2's heads: groups of 3, six queries a block
+        (64, 8, 1, 3, 511, 1, True),  # a group of 8 fills a block with one token
+    ],
+)
+def test_grouped_prefill_attention_has_attentions_bits(
+    dev: Device,
+    rng: np.random.Generator,
+    hd: int,
+    heads: int,
+    kv: int,
+    t: int,
+    pos0: int,
+    per_block: int,
+    device_pos: bool,
+) -> None:
+    """attention_prefill_hd* (a block per kv head and group of tokens, every query of the group at once) gives
+    each query the bits of `attention` as the model launches it (256 threads, a block per head and token)."""
+    ctx = 1024
+    width = (heads + 2 * kv) * hd
+    qkv = rng.standard_normal((t, width)).astype(F32)
+    (k_bits, k_cache), (v_bits, v_cache) = bf16_random(rng, (ctx, kv, hd)), bf16_random(rng, (ctx, kv, hd))
+    qb, kb, vb = dev.put(qkv), dev.put(k_bits), dev.put(v_bits)
+    pos_ptr = dev.put(np.array([pos0], dtype=np.int32)).ptr if device_pos else 0
+    head = [("ptr", qb.ptr), ("ptr", kb.ptr), ("ptr", vb.ptr)]
+    where = [("ptr", pos_ptr), ("i32", -1 if device_pos else pos0)]
+    scale = ("f32", hd**-0.5)
+    plain, grouped = dev.poisoned(t * heads * hd), dev.poisoned(t * heads * hd)
+    dev.launch(
+        "attention",
+        (heads, t, 1),
+        (ATTN_THREADS, 1, 1),
+        [*head, ("ptr", plain.ptr), *where, ("i32", heads), ("i32", kv), ("i32", hd), scale],
+        shared=ctx * 4,
+    )
+    kernel = prefill_attention_kernel(hd, heads // kv)
+    assert kernel == f"attention_prefill_hd{hd}"
+    tile = prefill_attention_shared(hd)
+    dev.module.kernel(kernel).set_max_dynamic_shared(tile)
+    dev.launch(
+        kernel,
+        (kv, -(-t // per_block), 1),
+        (ATTN_THREADS, 1, 1),
+        [*head, ("ptr", grouped.ptr), *where, ("i32", t), ("i32", per_block), ("i32", heads), ("i32", kv), scale],
+        shared=tile,
+    )
+    got = dev.get(grouped, F32, (t, heads * hd))
+    np.testing.assert_array_equal(got.view(np.uint32), dev.get(plain, F32, (t, heads * hd)).view(np.uint32))
+    q = qkv[:, : heads * hd].reshape(t, heads, hd).astype(np.float64)
+    check(f"attention_prefill/hd={hd},t={t},pos0={pos0}", got, ref.attention(q, k_cache, v_cache, pos0))
 
 
 def _decode_attention_args(
