@@ -103,9 +103,8 @@ __host__ __device__ constexpr int attn_prefill_shared(int hd) {
 }
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-                 "l"(src)
-                 : "memory");
+    const uint32_t to = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(src) : "memory");
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
@@ -123,7 +122,8 @@ __device__ __forceinline__ void attn_prefill_stage(char* dst, int stride, const 
     constexpr int PIECES = HD * (int)sizeof(kv_t) / 16;
     for (int e = threadIdx.x; e < rows * PIECES; e += ATTN_THREADS) {
         const int r = e / PIECES, c = e % PIECES;
-        cp_async16(dst + r * stride + c * 16, cache + (size_t)(j0 + r) * kv_stride + kvh * HD + c * (16 / sizeof(kv_t)));
+        cp_async16(dst + r * stride + c * 16,
+                   cache + (size_t)(j0 + r) * kv_stride + kvh * HD + c * (16 / sizeof(kv_t)));
     }
     cp_async_commit();
 }
