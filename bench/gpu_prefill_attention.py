@@ -1,5 +1,7 @@
 """Prefill attention alone: `attention` (a block per head and token) against attention_prefill_hd128 (a block per kv
-head and group of tokens) at 1 to 4 tokens a block, on the Qwen3-1.7B shape (16 heads of 128, 8 kv heads).
+head and group of tokens) at 1 to 4 tokens a block, on the Qwen3-1.7B shape (16 heads of 128, 8 kv heads); the
+grouped kernel with the stash of first-pass scores the model gives it (every tile, or its share of
+ATTN_PREFILL_STASH_BYTES) and without one (every tile scored twice).
 
 Each case fills a bf16 cache with random rows, launches each kernel on the same q rows at a first position pos0, and
 times repeated launches of one shape on one stream (wall time over the launches, after one warm-up); every grouped
@@ -25,7 +27,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from decoder_service.engines.cuda.driver import Stream, cuda_available  # noqa: E402
-from decoder_service.engines.cuda.forward import ATTN_THREADS, prefill_attention_shared  # noqa: E402
+from decoder_service.engines.cuda.forward import (  # noqa: E402
+    ATTN_PREFILL_STASH_BYTES,
+    ATTN_THREADS,
+    prefill_attention_shared,
+    prefill_stash_tiles,
+)
 from decoder_service.engines.cuda.memory import DeviceBuffer  # noqa: E402
 from decoder_service.engines.cuda.module import Launch, Module  # noqa: E402
 from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random  # noqa: E402
@@ -74,18 +81,25 @@ def run_case(module: Module, stream: Stream, pos0: int, tokens: int, repeats: in
     want = dev.get(reference, np.float32, tokens * HEADS * HD).view(np.uint32)
     grouped, shared = module.kernel(f"attention_prefill_hd{HD}"), prefill_attention_shared(HD)
     grouped.set_max_dynamic_shared(shared)
+    stash, shape = DeviceBuffer(ATTN_PREFILL_STASH_BYTES), [("i32", HEADS), ("i32", KV_HEADS), scale]
     for per_block in TOKENS_PER_BLOCK:
-        out = dev.poisoned(tokens * HEADS * HD)
-        launch = Launch(
-            grouped,
-            (KV_HEADS, -(-tokens // per_block), 1),
-            (ATTN_THREADS, 1, 1),
-            [*args(out), ("i32", tokens), ("i32", per_block), ("i32", HEADS), ("i32", KV_HEADS), scale],
-            shared,
-        )
-        us = launch_us(stream, launch, repeats)
-        same = bool(np.array_equal(dev.get(out, np.float32, tokens * HEADS * HD).view(np.uint32), want))
-        row[f"grouped_{per_block}_tokens_a_block"] = {"us": us, "same_bits": same}
+        blocks = KV_HEADS * -(-tokens // per_block)
+        kept = prefill_stash_tiles(blocks, context, ATTN_PREFILL_STASH_BYTES)
+        cell: dict[str, object] = {"stash_tiles": kept}
+        for tiles, suffix in ((kept, ""), (0, "_without_stash")):
+            out = dev.poisoned(tokens * HEADS * HD)
+            launch = Launch(
+                grouped,
+                (KV_HEADS, blocks // KV_HEADS, 1),
+                (ATTN_THREADS, 1, 1),
+                [*args(out), ("i32", tokens), ("i32", per_block), *shape, ("ptr", stash.ptr), ("i32", tiles)],
+                shared,
+            )
+            cell["us" + suffix] = launch_us(stream, launch, repeats)
+            got = dev.get(out, np.float32, tokens * HEADS * HD).view(np.uint32)
+            cell["same_bits" + suffix] = bool(np.array_equal(got, want))
+        row[f"grouped_{per_block}_tokens_a_block"] = cell
+    stash.free()
     dev.free()
     return row
 
@@ -106,7 +120,12 @@ def main() -> int:
         print(json.dumps(rows[-1]), flush=True)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=2) + "\n")
-    differ = [r for r in rows for key, v in r.items() if key.startswith("grouped_") and not v["same_bits"]]
+    differ = [
+        key
+        for r in rows
+        for key, v in r.items()
+        if key.startswith("grouped_") and not (v["same_bits"] and v["same_bits_without_stash"])
+    ]
     return 1 if differ else 0
 
 

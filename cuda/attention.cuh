@@ -86,10 +86,12 @@ attention(const float* __restrict__ qkv, const kv_t* __restrict__ k_cache, const
 // order in one fma chain and divides by l. What changes is who does it: `attention` runs a block per (head, token),
 // each reading the whole cache of its kv head, one dependent chain a thread; here every K and V row a block reads
 // serves all its queries, and a thread carries the chains of several queries at once. Positions go in tiles of
-// ATTN_PREFILL_ROWS (thread t scores position j0 + t for every query): a first pass finds each query's max, a
-// second recomputes the scores (the same bits) for the weights and l, then sums the tile's V rows. Every tile's K
-// and V rows reach shared memory through cp.async, coalesced, the next tile's K while this one's is scored (a
-// thread reading its own row straight from the cache touched a separate line per lane). Dynamic shared memory:
+// ATTN_PREFILL_ROWS (thread t scores position j0 + t for every query): a first pass finds each query's max and
+// keeps the scores of the first stash_tiles tiles in `stash` (global memory, 8 KB a tile, read back by the thread
+// that wrote them), a second takes them (or scores a later tile's K rows again: the same bits) for the weights and l,
+// then sums the tile's V rows. Every tile's K and V rows reach shared memory through cp.async, coalesced, the next
+// tile's K while this one's is scored (a thread reading its own row straight from the cache touched a separate line
+// per lane). Dynamic shared memory:
 // ATTN_PREFILL_K_BUFFERS tiles of K rows (each padded by 16 bytes, so that a quarter warp's 16-byte reads of 8 rows
 // fall in distinct banks) and one of V rows (attn_prefill_shared).
 #define ATTN_PREFILL_QUERIES 8
@@ -167,16 +169,47 @@ __device__ __forceinline__ void attn_prefill_row_scores(float (&s)[ATTN_PREFILL_
         attn_prefill_scores<HD, 4>(s, krow, q, scale);
 }
 
+// Tile rows 0 .. rows - 1's weighted V sums of thread (part, d): acc[k] += p[r][part * QP + k] * v[r][d] in ascending
+// r. CHECK: only rows below mylen[k] count; without it every row does, for tiles that every present query sees whole
+// (an absent query's sums are never stored).
+template <int HD, int QP, bool CHECK>
+__device__ __forceinline__ void attn_prefill_v_rows(float (&acc)[QP], const float (*p)[ATTN_PREFILL_QUERIES],
+                                                    const kv_t* vtile, int rows, int part, int d, int j0,
+                                                    const int (&mylen)[QP]) {
+#pragma unroll 4
+    for (int r = 0; r < rows; ++r) {
+        const float v = bf16_to_float(vtile[r * HD + d]);
+        float pw[QP];  // this thread's queries' weights of row r in one shared-memory load
+        if constexpr (QP == 4) {
+            const float4 w4 = *reinterpret_cast<const float4*>(&p[r][part * QP]);
+            pw[0] = w4.x, pw[1] = w4.y, pw[2] = w4.z, pw[3] = w4.w;
+        } else {
+#pragma unroll
+            for (int k = 0; k < QP; ++k) pw[k] = p[r][part * QP + k];
+        }
+#pragma unroll
+        for (int k = 0; k < QP; ++k)
+            if (!CHECK || j0 + r < mylen[k]) acc[k] = fmaf(pw[k], v, acc[k]);
+    }
+}
+
+// The block's stored scores of one row (ATTN_PREFILL_QUERIES floats) in `stash`, global memory: pass 1 writes them
+// and pass 2 reads them back, each row by the thread that wrote it.
+struct AttnPrefillRowScores {
+    float4 lo, hi;
+};
+
 template <int HD>
 __device__ __forceinline__ void attention_prefill_body(const float* __restrict__ qkv, const kv_t* __restrict__ k_cache,
                                                        const kv_t* __restrict__ v_cache, float* __restrict__ out,
                                                        const int* pos_ptr, int pos_host, int n_tokens,
                                                        int tokens_per_block, int n_heads, int n_kv_heads,
-                                                       float scale) {
+                                                       float scale, float* __restrict__ stash, int stash_tiles) {
     constexpr int QM = ATTN_PREFILL_QUERIES, ROWS = ATTN_PREFILL_ROWS, PARTS = ATTN_THREADS / HD, QP = QM / PARTS;
     constexpr int KROW = attn_prefill_k_row_bytes(HD), KTILE = ROWS * KROW;
     static_assert(ATTN_THREADS % HD == 0 && QM % PARTS == 0 && QM % 4 == 0, "threads split evenly into query parts");
     static_assert(ATTN_PREFILL_K_BUFFERS == 2, "the passes alternate two K tiles");
+    static_assert(QM == 8, "a row's stored scores are two float4s");
     pdl_enter();
     extern __shared__ __align__(16) char prefill_tiles[];  // K tiles, then the V tile
     const kv_t* vtile = reinterpret_cast<const kv_t*>(prefill_tiles + ATTN_PREFILL_K_BUFFERS * KTILE);
@@ -187,6 +220,10 @@ __device__ __forceinline__ void attention_prefill_body(const float* __restrict__
     const int nq = min(tokens_per_block, n_tokens - t0) * group;
     const int pos0 = host_or_device(pos_ptr, pos_host), length = pos0 + t0 + nq / group;  // the last query's
     const int kv_stride = n_kv_heads * HD, width = (n_heads + 2 * n_kv_heads) * HD;
+    // Tiles below stash_tiles keep their scores from pass 1 for pass 2 (stash_tiles tiles a block, in block order);
+    // later tiles are scored again from their K rows. The same values either way.
+    AttnPrefillRowScores* rows_stash = reinterpret_cast<AttnPrefillRowScores*>(stash) +
+                                       (size_t)(blockIdx.y * gridDim.x + blockIdx.x) * stash_tiles * ROWS;
     attn_prefill_stage<HD>(prefill_tiles, KROW, k_cache, 0, min(ROWS, length), kv_stride, kvh);
     for (int e = threadIdx.x; e < QM * HD; e += ATTN_THREADS) {
         const int qi = e / HD, d = e % HD;
@@ -209,18 +246,23 @@ __device__ __forceinline__ void attention_prefill_body(const float* __restrict__
         __syncthreads();  // tile n's K rows (and, the first time, q) are in place
         const int j = j0 + threadIdx.x;
         if (j < length) {
-            float s[QM];
+            float s[QM] = {};
             attn_prefill_row_scores<HD>(s, prefill_tiles + (n & 1) * KTILE, threadIdx.x, nq, q, scale);
 #pragma unroll
             for (int qi = 0; qi < QM; ++qi)
                 if (j < qlen(qi)) mx[qi] = fmaxf(mx[qi], s[qi]);
+            if (n < stash_tiles)
+                rows_stash[n * ROWS + threadIdx.x] = {make_float4(s[0], s[1], s[2], s[3]),
+                                                      make_float4(s[4], s[5], s[6], s[7])};
         }
         __syncthreads();  // K buffer n & 1 is free for tile n + 2
     }
 #pragma unroll
     for (int qi = 0; qi < QM; ++qi) mx[qi] = block_max(mx[qi], scratch);
 
-    // Pass 2: the weights, l's partials and the output sums, tile by tile.
+    // Pass 2: the weights, l's partials and the output sums, tile by tile. Each tile commits two copy groups, its V
+    // rows and the next tile's K rows (empty where the next tile is stored or there is none), so that one count of
+    // groups in flight serves every tile.
     const int part = threadIdx.x / HD, d = threadIdx.x % HD;
     float lsum[QM], acc[QP];
 #pragma unroll
@@ -230,26 +272,39 @@ __device__ __forceinline__ void attention_prefill_body(const float* __restrict__
     int mylen[QP];
 #pragma unroll
     for (int k = 0; k < QP; ++k) mylen[k] = qlen(part * QP + k);
-    attn_prefill_stage<HD>(prefill_tiles, KROW, k_cache, 0, min(ROWS, length), kv_stride, kvh);
+    AttnPrefillRowScores kept{};  // this thread's row of the tile at hand, where that tile is stored
+    if (0 < stash_tiles) {
+        if (threadIdx.x < length) kept = rows_stash[threadIdx.x];
+        cp_async_commit();
+    } else
+        attn_prefill_stage<HD>(prefill_tiles, KROW, k_cache, 0, min(ROWS, length), kv_stride, kvh);
     for (int n = 0, j0 = 0; j0 < length; ++n, j0 += ROWS) {
-        const int rows = min(ROWS, length - j0);
-        const bool next = j0 + ROWS < length;
+        const int rows = min(ROWS, length - j0), j = j0 + threadIdx.x;
+        const bool next = j0 + ROWS < length, stored = n < stash_tiles, next_stored = n + 1 < stash_tiles;
         attn_prefill_stage<HD>(prefill_tiles + ATTN_PREFILL_K_BUFFERS * KTILE, HD * (int)sizeof(kv_t), v_cache, j0,
                                rows, kv_stride, kvh);
-        if (next) {
+        AttnPrefillRowScores later{};  // the next tile's row, loaded a tile ahead of its use
+        if (next && !next_stored)
             attn_prefill_stage<HD>(prefill_tiles + ((n + 1) & 1) * KTILE, KROW, k_cache, j0 + ROWS,
                                    min(ROWS, length - j0 - ROWS), kv_stride, kvh);
-            cp_async_wait<2>();  // tile n's K; its V and the next K may still be in flight
-        } else
-            cp_async_wait<1>();
-        __syncthreads();
-        const int j = j0 + threadIdx.x;
+        else {
+            if (next && j + ROWS < length) later = rows_stash[(n + 1) * ROWS + threadIdx.x];
+            cp_async_commit();
+        }
         float w[QM];
 #pragma unroll
         for (int qi = 0; qi < QM; ++qi) w[qi] = 0.0f;
+        if (!stored) {  // uniform
+            cp_async_wait<2>();  // tile n's K; its V and the next K may still be in flight
+            __syncthreads();
+        }
         if (j < length) {
-            float s[QM];
-            attn_prefill_row_scores<HD>(s, prefill_tiles + (n & 1) * KTILE, threadIdx.x, nq, q, scale);
+            float s[QM] = {};
+            if (stored) {
+                s[0] = kept.lo.x, s[1] = kept.lo.y, s[2] = kept.lo.z, s[3] = kept.lo.w;
+                s[4] = kept.hi.x, s[5] = kept.hi.y, s[6] = kept.hi.z, s[7] = kept.hi.w;
+            } else
+                attn_prefill_row_scores<HD>(s, prefill_tiles + (n & 1) * KTILE, threadIdx.x, nq, q, scale);
 #pragma unroll
             for (int qi = 0; qi < QM; ++qi) {
                 if (j < qlen(qi)) {
@@ -258,29 +313,16 @@ __device__ __forceinline__ void attention_prefill_body(const float* __restrict__
                 }
             }
         }
+        kept = later;
 #pragma unroll
         for (int qi = 0; qi < QM; qi += 4)
             *reinterpret_cast<float4*>(&p[threadIdx.x][qi]) = make_float4(w[qi], w[qi + 1], w[qi + 2], w[qi + 3]);
-        if (next)
-            cp_async_wait<1>();  // tile n's V
-        else
-            cp_async_wait<0>();
+        cp_async_wait<1>();  // tile n's V
         __syncthreads();
-#pragma unroll 4
-        for (int r = 0; r < rows; ++r) {
-            const float v = bf16_to_float(vtile[r * HD + d]);
-            float pw[QP];  // this thread's queries' weights of row r in one shared-memory load
-            if constexpr (QP == 4) {
-                const float4 w4 = *reinterpret_cast<const float4*>(&p[r][part * QP]);
-                pw[0] = w4.x, pw[1] = w4.y, pw[2] = w4.z, pw[3] = w4.w;
-            } else {
-#pragma unroll
-                for (int k = 0; k < QP; ++k) pw[k] = p[r][part * QP + k];
-            }
-#pragma unroll
-            for (int k = 0; k < QP; ++k)
-                if (j0 + r < mylen[k]) acc[k] = fmaf(pw[k], v, acc[k]);
-        }
+        if (j0 + rows <= pos0 + t0 + 1)  // uniform: the block's first query, so every present one, sees every row
+            attn_prefill_v_rows<HD, QP, false>(acc, p, vtile, rows, part, d, j0, mylen);
+        else
+            attn_prefill_v_rows<HD, QP, true>(acc, p, vtile, rows, part, d, j0, mylen);
         __syncthreads();  // the next tile overwrites p, the V tile and K buffer n & 1
     }
     block_sums<QM>(lsum, scratch);  // leaves query qi's total in scratch[32 * qi] as well
@@ -296,9 +338,10 @@ __device__ __forceinline__ void attention_prefill_body(const float* __restrict__
 #define ATTN_PREFILL_PARAMS                                                                                   \
     const float *__restrict__ qkv, const kv_t *__restrict__ k_cache, const kv_t *__restrict__ v_cache,          \
         float *__restrict__ out, const int *pos_ptr, int pos_host, int n_tokens, int tokens_per_block, int n_heads, \
-        int n_kv_heads, float scale
+        int n_kv_heads, float scale, float *__restrict__ stash, int stash_tiles
 #define ATTN_PREFILL_ARGS \
-    qkv, k_cache, v_cache, out, pos_ptr, pos_host, n_tokens, tokens_per_block, n_heads, n_kv_heads, scale
+    qkv, k_cache, v_cache, out, pos_ptr, pos_host, n_tokens, tokens_per_block, n_heads, n_kv_heads, scale, stash, \
+        stash_tiles
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention_prefill_hd128(ATTN_PREFILL_PARAMS) {
     attention_prefill_body<128>(ATTN_PREFILL_ARGS);

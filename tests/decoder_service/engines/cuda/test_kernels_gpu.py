@@ -15,6 +15,7 @@ from decoder_service.engines.cpu.kv_cache import round_to_bf16
 from decoder_service.engines.cuda.forward import (
     ATTN_CHUNK,
     ATTN_COMPILED_HEAD_DIMS,
+    ATTN_PREFILL_TILE_STASH,
     ATTN_THREADS,
     GSTREAM_THREADS,
     SHORT_ATTENTION_POSITIONS,
@@ -23,6 +24,7 @@ from decoder_service.engines.cuda.forward import (
     gstream_slot_bytes,
     prefill_attention_kernel,
     prefill_attention_shared,
+    prefill_stash_tiles,
 )
 from decoder_service.engines.cuda.memory import DeviceBuffer, to_bf16_bits
 from decoder_service.models.bf16 import bf16_bits_to_float32
@@ -704,7 +706,8 @@ def test_grouped_prefill_attention_has_attentions_bits(
     device_pos: bool,
 ) -> None:
     """attention_prefill_hd* (a block per kv head and group of tokens, every query of the group at once) gives
-    each query the bits of `attention` as the model launches it (256 threads, a block per head and token)."""
+    each query the bits of `attention` as the model launches it (256 threads, a block per head and token), whether
+    its second pass takes every tile's scores from the first pass's stash, the first tile's alone, or none."""
     ctx = 1024
     width = (heads + 2 * kv) * hd
     qkv = rng.standard_normal((t, width)).astype(F32)
@@ -714,7 +717,7 @@ def test_grouped_prefill_attention_has_attentions_bits(
     head = [("ptr", qb.ptr), ("ptr", kb.ptr), ("ptr", vb.ptr)]
     where = [("ptr", pos_ptr), ("i32", -1 if device_pos else pos0)]
     scale = ("f32", hd**-0.5)
-    plain, grouped = dev.poisoned(t * heads * hd), dev.poisoned(t * heads * hd)
+    plain = dev.poisoned(t * heads * hd)
     dev.launch(
         "attention",
         (heads, t, 1),
@@ -726,15 +729,22 @@ def test_grouped_prefill_attention_has_attentions_bits(
     assert kernel == f"attention_prefill_hd{hd}"
     tile = prefill_attention_shared(hd)
     dev.module.kernel(kernel).set_max_dynamic_shared(tile)
-    dev.launch(
-        kernel,
-        (kv, -(-t // per_block), 1),
-        (ATTN_THREADS, 1, 1),
-        [*head, ("ptr", grouped.ptr), *where, ("i32", t), ("i32", per_block), ("i32", heads), ("i32", kv), scale],
-        shared=tile,
-    )
-    got = dev.get(grouped, F32, (t, heads * hd))
-    np.testing.assert_array_equal(got.view(np.uint32), dev.get(plain, F32, (t, heads * hd)).view(np.uint32))
+    blocks = kv * -(-t // per_block)
+    whole = prefill_stash_tiles(blocks, ctx, 1 << 40)
+    stash = dev.poisoned(blocks * whole * ATTN_PREFILL_TILE_STASH // 4)
+    want = dev.get(plain, F32, (t, heads * hd)).view(np.uint32)
+    shape = [("i32", t), ("i32", per_block), ("i32", heads), ("i32", kv), scale, ("ptr", stash.ptr)]
+    for kept in (whole, 1, 0):
+        grouped = dev.poisoned(t * heads * hd)
+        dev.launch(
+            kernel,
+            (kv, blocks // kv, 1),
+            (ATTN_THREADS, 1, 1),
+            [*head, ("ptr", grouped.ptr), *where, *shape, ("i32", kept)],
+            shared=tile,
+        )
+        got = dev.get(grouped, F32, (t, heads * hd))
+        np.testing.assert_array_equal(got.view(np.uint32), want, err_msg=f"{kept} tiles kept of {whole}")
     q = qkv[:, : heads * hd].reshape(t, heads, hd).astype(np.float64)
     check(f"attention_prefill/hd={hd},t={t},pos0={pos0}", got, ref.attention(q, k_cache, v_cache, pos0))
 
