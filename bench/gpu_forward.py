@@ -617,7 +617,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
         if pre.get("graph_ms_with_plain_attention") is not None:
             lines[-1] += (
                 f" Its attention is {pre['attention_kernel']} (a block per kv head and group of tokens); with "
-                f"`attention` (a block per head and token, the same bits) the graph takes "
+                f"`attention` (a block per head and token) the graph takes "
                 f"{pre['graph_ms_with_plain_attention']:.1f} ms."
             )
     for position, row in (b.get("forced_chain") or {}).items():

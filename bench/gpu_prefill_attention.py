@@ -1,16 +1,15 @@
 """Prefill attention alone: `attention` (a block per head and token) against attention_prefill_hd128 (a block per kv
-head and group of tokens) at 1 to 4 tokens a block, on the Qwen3-1.7B shape (16 heads of 128, 8 kv heads); the
-grouped kernel with the stash of first-pass scores the model gives it (every tile, or its share of
-ATTN_PREFILL_STASH_BYTES) and without one (every tile scored twice).
+head and group of tokens) at 1 to 4 tokens a block, on the Qwen3-1.7B shape (16 heads of 128, 8 kv heads).
 
 Each case fills a bf16 cache with random rows, launches each kernel on the same q rows at a first position pos0, and
 times repeated launches of one shape on one stream (wall time over the launches, after one warm-up); every grouped
-output is compared word for word with `attention`'s. On a GPU machine:
+output is compared with `attention`'s (relative difference, ||grouped - attention|| / ||attention||: the grouped
+kernel's products run on the tensor cores with bf16 hi and lo terms, so the bits differ). On a GPU machine:
 
     PYTHONPATH=. python3 bench/gpu_prefill_attention.py [--out FILE]
 
-Prints one JSON object a case: µs a launch and whether the bits matched; exits 1 if any output differs.
-(docs/cuda-speed-notes.md #135 and #136 quote the numbers of its first form, which also timed #136's variant.)
+Prints one JSON object a case: µs a launch and the relative difference; exits 1 if any difference passes
+MAX_DIFFERENCE. (docs/cuda-speed-notes.md #135-#139 quote its numbers for the kernel's earlier forms.)
 """
 
 from __future__ import annotations
@@ -27,12 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from decoder_service.engines.cuda.driver import Stream, cuda_available  # noqa: E402
-from decoder_service.engines.cuda.forward import (  # noqa: E402
-    ATTN_PREFILL_STASH_BYTES,
-    ATTN_THREADS,
-    prefill_attention_shared,
-    prefill_stash_tiles,
-)
+from decoder_service.engines.cuda.forward import ATTN_THREADS, prefill_attention_shared  # noqa: E402
 from decoder_service.engines.cuda.memory import DeviceBuffer  # noqa: E402
 from decoder_service.engines.cuda.module import Launch, Module  # noqa: E402
 from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random  # noqa: E402
@@ -42,6 +36,7 @@ HD, HEADS, KV_HEADS = 128, 16, 8
 # prompts, and a 512-token chunk of a long prompt's own prefill.
 CASES = ((4249, 36, 20), (200, 36, 20), (1000, 36, 20), (3737, 512, 5))
 TOKENS_PER_BLOCK = (1, 2, 3, 4)
+MAX_DIFFERENCE = 1e-4  # the GPU kernel test's bound against float64
 
 
 def launch_us(stream: Stream, launch: Launch, repeats: int) -> float:
@@ -78,28 +73,22 @@ def run_case(module: Module, stream: Stream, pos0: int, tokens: int, repeats: in
         context * 4,
     )
     row: dict[str, object] = {"pos0": pos0, "tokens": tokens, "attention_us": launch_us(stream, launch, repeats)}
-    want = dev.get(reference, np.float32, tokens * HEADS * HD).view(np.uint32)
+    want = dev.get(reference, np.float32, tokens * HEADS * HD).astype(np.float64)
     grouped, shared = module.kernel(f"attention_prefill_hd{HD}"), prefill_attention_shared(HD)
     grouped.set_max_dynamic_shared(shared)
-    stash, shape = DeviceBuffer(ATTN_PREFILL_STASH_BYTES), [("i32", HEADS), ("i32", KV_HEADS), scale]
     for per_block in TOKENS_PER_BLOCK:
-        blocks = KV_HEADS * -(-tokens // per_block)
-        kept = prefill_stash_tiles(blocks, context, ATTN_PREFILL_STASH_BYTES)
-        cell: dict[str, object] = {"stash_tiles": kept}
-        for tiles, suffix in ((kept, ""), (0, "_without_stash")):
-            out = dev.poisoned(tokens * HEADS * HD)
-            launch = Launch(
-                grouped,
-                (KV_HEADS, blocks // KV_HEADS, 1),
-                (ATTN_THREADS, 1, 1),
-                [*args(out), ("i32", tokens), ("i32", per_block), *shape, ("ptr", stash.ptr), ("i32", tiles)],
-                shared,
-            )
-            cell["us" + suffix] = launch_us(stream, launch, repeats)
-            got = dev.get(out, np.float32, tokens * HEADS * HD).view(np.uint32)
-            cell["same_bits" + suffix] = bool(np.array_equal(got, want))
-        row[f"grouped_{per_block}_tokens_a_block"] = cell
-    stash.free()
+        out = dev.poisoned(tokens * HEADS * HD)
+        launch = Launch(
+            grouped,
+            (KV_HEADS, -(-tokens // per_block), 1),
+            (ATTN_THREADS, 1, 1),
+            [*args(out), ("i32", tokens), ("i32", per_block), ("i32", HEADS), ("i32", KV_HEADS), scale],
+            shared,
+        )
+        us = launch_us(stream, launch, repeats)
+        got = dev.get(out, np.float32, tokens * HEADS * HD).astype(np.float64)
+        diff = float(np.linalg.norm(got - want) / np.linalg.norm(want)) if np.all(np.isfinite(got)) else float("inf")
+        row[f"grouped_{per_block}_tokens_a_block"] = {"us": us, "difference": diff}
     dev.free()
     return row
 
@@ -120,12 +109,8 @@ def main() -> int:
         print(json.dumps(rows[-1]), flush=True)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=2) + "\n")
-    differ = [
-        key
-        for r in rows
-        for key, v in r.items()
-        if key.startswith("grouped_") and not (v["same_bits"] and v["same_bits_without_stash"])
-    ]
+    grouped = [v for r in rows for key, v in r.items() if key.startswith("grouped_")]
+    differ = [v for v in grouped if not v["difference"] <= MAX_DIFFERENCE]
     return 1 if differ else 0
 
 

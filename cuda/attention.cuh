@@ -9,6 +9,7 @@
 // Dynamic shared memory: the scores, max_ctx floats.
 #pragma once
 #include "common.cuh"
+#include "gemm.cuh"  // the tensor-core helpers (bf16 split, mma)
 #include "kv_cache.cuh"
 
 #define ATTN_THREADS 256
@@ -77,31 +78,29 @@ attention(const float* __restrict__ qkv, const kv_t* __restrict__ k_cache, const
     if (d < head_dim) out[(size_t)t * n_heads * head_dim + h * head_dim + d] = acc / l;
 }
 
-// The prefill attention of a kv head's queries together: block (kv head, y) takes tokens y * tokens_per_block ..
-// (at most ATTN_PREFILL_QUERIES / group of them) and every q head of the kv head's group, query qi = (token
-// qi / group, head qi % group). A query's arithmetic is `attention`'s, operation for operation (the same bits,
-// whatever the tokens around it): its scores are the same ascending fma chains over head_dim, scaled; m is their
-// max (exact in any order); thread t sums exp(s_j - m) over the positions j = t, t + 256, ... in ascending order
-// and block_sums folds the 256 partials with block_sum's tree; the output sums p_j v[j, d] over j in ascending
-// order in one fma chain and divides by l. What changes is who does it: `attention` runs a block per (head, token),
-// each reading the whole cache of its kv head, one dependent chain a thread; here every K and V row a block reads
-// serves all its queries, and a thread carries the chains of several queries at once. Positions go in tiles of
-// ATTN_PREFILL_ROWS (thread t scores position j0 + t for every query): a first pass finds each query's max and
-// keeps the scores of the first stash_tiles tiles in `stash` (global memory, 8 KB a tile, read back by the thread
-// that wrote them), a second takes them (or scores a later tile's K rows again: the same bits) for the weights and l,
-// then sums the tile's V rows. Every tile's K and V rows reach shared memory through cp.async, coalesced, the next
-// tile's K while this one's is scored (a thread reading its own row straight from the cache touched a separate line
-// per lane). Dynamic shared memory:
-// ATTN_PREFILL_K_BUFFERS tiles of K rows (each padded by 16 bytes, so that a quarter warp's 16-byte reads of 8 rows
-// fall in distinct banks) and one of V rows (attn_prefill_shared).
+// The prefill attention of a kv head's queries together, on the tensor cores: block (kv head, y) takes tokens
+// y * tokens_per_block .. (at most ATTN_PREFILL_QUERIES / group of them) and every q head of the kv head's group,
+// query qi = (token qi / group, head qi % group). Positions go in tiles of ATTN_PREFILL_ROWS, warp w taking rows
+// 32 w .. 32 w + 31 of each. Scores: mma.sync m16n8k16 with the queries' fp32 rows split into bf16 hi and lo terms
+// (rows 0-7 of the A operand hi, rows 8-15 lo; gemm.cuh's split) against the cache's exact bf16 K rows, fp32 sums,
+// the hi and lo products added, then scaled; a first pass finds each query's max, a second scores the tile again,
+// takes p = exp(s - m) (0 where the query does not see the position), sums l and multiplies the weights, split into
+// hi and lo again, by the tile's V rows on the tensor cores. A warp's partial outputs and l are added over the warps
+// in ascending order at the end. Deterministic, and a query's results depend on its own row alone (an mma's output
+// row reads its A row only; every reduction is per query), so not on the tokens or heads that share its block.
+// Precision: the queries and weights carry about 16 significant bits (relative error about 2^-17), the K and V
+// values exactly; sums in fp32. These are not `attention`'s bits (its fp32 fma chains), and not meant to be.
+// Dynamic shared memory: ATTN_PREFILL_K_BUFFERS tiles of K rows and one of V rows, each row padded by 16 bytes so
+// that a warp's 4-byte fragment loads fall in distinct banks (attn_prefill_shared).
 #define ATTN_PREFILL_QUERIES 8
-#define ATTN_PREFILL_ROWS ATTN_THREADS
+#define ATTN_PREFILL_ROWS 256
 #define ATTN_PREFILL_K_BUFFERS 2
+#define ATTN_PREFILL_WARPS 8
 
-__host__ __device__ constexpr int attn_prefill_k_row_bytes(int hd) { return hd * (int)sizeof(kv_t) + 16; }
+__host__ __device__ constexpr int attn_prefill_row_bytes(int hd) { return hd * (int)sizeof(kv_t) + 16; }
 
 __host__ __device__ constexpr int attn_prefill_shared(int hd) {
-    return ATTN_PREFILL_ROWS * (ATTN_PREFILL_K_BUFFERS * attn_prefill_k_row_bytes(hd) + hd * (int)sizeof(kv_t));
+    return ATTN_PREFILL_ROWS * (ATTN_PREFILL_K_BUFFERS + 1) * attn_prefill_row_bytes(hd);
 }
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
@@ -117,231 +116,209 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(pending) : "memory");
 }
 
-// Rows j0 .. j0 + rows - 1 of kv head kvh (HD entries each) into dst, `stride` bytes a row; one copy group.
+// Rows j0 .. j0 + rows - 1 of kv head kvh (HD entries each) into dst, attn_prefill_row_bytes a row; one copy group.
+// The tile's rows past `rows` are set to zero (the last tile's): the weights there are 0, and 0 times a stale
+// shared-memory word that happens to be a NaN would not be.
 template <int HD>
-__device__ __forceinline__ void attn_prefill_stage(char* dst, int stride, const kv_t* __restrict__ cache, int j0,
-                                                   int rows, int kv_stride, int kvh) {
-    constexpr int PIECES = HD * (int)sizeof(kv_t) / 16;
-    for (int e = threadIdx.x; e < rows * PIECES; e += ATTN_THREADS) {
+__device__ __forceinline__ void attn_prefill_stage(char* dst, const kv_t* __restrict__ cache, int j0, int rows,
+                                                   int kv_stride, int kvh) {
+    constexpr int PIECES = HD * (int)sizeof(kv_t) / 16, STRIDE = attn_prefill_row_bytes(HD);
+    for (int e = threadIdx.x; e < ATTN_PREFILL_ROWS * PIECES; e += ATTN_THREADS) {
         const int r = e / PIECES, c = e % PIECES;
-        cp_async16(dst + r * stride + c * 16,
-                   cache + (size_t)(j0 + r) * kv_stride + kvh * HD + c * (16 / sizeof(kv_t)));
+        if (r < rows)
+            cp_async16(dst + r * STRIDE + c * 16,
+                       cache + (size_t)(j0 + r) * kv_stride + kvh * HD + c * (16 / sizeof(kv_t)));
+        else
+            *reinterpret_cast<uint4*>(dst + r * STRIDE + c * 16) = make_uint4(0u, 0u, 0u, 0u);
     }
     cp_async_commit();
 }
 
-// The scaled scores of one K row (in shared memory) for queries 0 .. NQ - 1: `attention`'s chains, entry by entry.
-template <int HD, int NQ>
-__device__ __forceinline__ void attn_prefill_scores(float (&s)[ATTN_PREFILL_QUERIES], const char* krow,
-                                                    const float (*q)[HD], float scale) {
-#pragma unroll
-    for (int qi = 0; qi < NQ; ++qi) s[qi] = 0.0f;
-#pragma unroll 4
-    for (int i = 0; i < HD / 8; ++i) {
-        const uint4 raw = reinterpret_cast<const uint4*>(krow)[i];
-        const float4 ka = kv_unpack4(make_uint2(raw.x, raw.y)), kb = kv_unpack4(make_uint2(raw.z, raw.w));
-#pragma unroll
-        for (int qi = 0; qi < NQ; ++qi) {
-            const float4 qa = reinterpret_cast<const float4*>(q[qi])[2 * i];
-            const float4 qb = reinterpret_cast<const float4*>(q[qi])[2 * i + 1];
-            s[qi] = fmaf(qa.x, ka.x, s[qi]);
-            s[qi] = fmaf(qa.y, ka.y, s[qi]);
-            s[qi] = fmaf(qa.z, ka.z, s[qi]);
-            s[qi] = fmaf(qa.w, ka.w, s[qi]);
-            s[qi] = fmaf(qb.x, kb.x, s[qi]);
-            s[qi] = fmaf(qb.y, kb.y, s[qi]);
-            s[qi] = fmaf(qb.z, kb.z, s[qi]);
-            s[qi] = fmaf(qb.w, kb.w, s[qi]);
-        }
-    }
-#pragma unroll
-    for (int qi = 0; qi < NQ; ++qi) s[qi] = __fmul_rn(s[qi], scale);  // rounded as `attention` stores it: no fma
+// Two bf16 entries of a tile, rows r and r + 1 of column d, packed with row r's in the low half (an mma's B operand
+// for V: consecutive k in one register).
+__device__ __forceinline__ uint32_t attn_prefill_v_pair(const char* vtile, int stride, int r, int d) {
+    const uint32_t lo = *reinterpret_cast<const bf16_t*>(vtile + r * stride + d * 2);
+    const uint32_t hi = *reinterpret_cast<const bf16_t*>(vtile + (r + 1) * stride + d * 2);
+    return lo | (hi << 16);
 }
 
-// The block's scores of K row `row` of a staged tile: four queries' chains where the block has at most four.
+// Scores of this warp's 32 rows of the tile at ktile for the block's 8 queries: s[t][0..1] are query gid's at rows
+// 32 w + 8 t + 2 tig + (0, 1), scaled. qa: the queries' A fragments (hi rows, lo rows) for each k16 step of HD.
 template <int HD>
-__device__ __forceinline__ void attn_prefill_row_scores(float (&s)[ATTN_PREFILL_QUERIES], const char* ktile, int row,
-                                                        int nq, const float (*q)[HD], float scale) {
-    const char* krow = ktile + row * attn_prefill_k_row_bytes(HD);
-    if (nq > 4)  // uniform
-        attn_prefill_scores<HD, ATTN_PREFILL_QUERIES>(s, krow, q, scale);
-    else
-        attn_prefill_scores<HD, 4>(s, krow, q, scale);
-}
-
-// Tile rows 0 .. rows - 1's weighted V sums of thread (part, d): acc[k] += p[r][part * QP + k] * v[r][d] in ascending
-// r. CHECK: only rows below mylen[k] count; without it every row does, for tiles that every present query sees whole
-// (an absent query's sums are never stored).
-template <int HD, int QP, bool CHECK>
-__device__ __forceinline__ void attn_prefill_v_rows(float (&acc)[QP], const float (*p)[ATTN_PREFILL_QUERIES],
-                                                    const kv_t* vtile, int rows, int part, int d, int j0,
-                                                    const int (&mylen)[QP]) {
-#pragma unroll 4
-    for (int r = 0; r < rows; ++r) {
-        const float v = bf16_to_float(vtile[r * HD + d]);
-        float pw[QP];  // this thread's queries' weights of row r in one shared-memory load
-        if constexpr (QP == 4) {
-            const float4 w4 = *reinterpret_cast<const float4*>(&p[r][part * QP]);
-            pw[0] = w4.x, pw[1] = w4.y, pw[2] = w4.z, pw[3] = w4.w;
-        } else {
+__device__ __forceinline__ void attn_prefill_mma_scores(float (&s)[4][2], const char* ktile, int warp, int gid,
+                                                        int tig, const uint32_t (&qa)[HD / 16][4], float scale) {
+    constexpr int STRIDE = attn_prefill_row_bytes(HD);
 #pragma unroll
-            for (int k = 0; k < QP; ++k) pw[k] = p[r][part * QP + k];
+    for (int t = 0; t < 4; ++t) {
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const char* krow = ktile + (32 * warp + 8 * t + gid) * STRIDE;  // B column gid: K row 8 t + gid
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ++ks) {
+            const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + (16 * ks + 2 * tig) * 2);
+            const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + (16 * ks + 2 * tig + 8) * 2);
+            mma_bf16_16816(c, qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3], b0, b1);
         }
-#pragma unroll
-        for (int k = 0; k < QP; ++k)
-            if (!CHECK || j0 + r < mylen[k]) acc[k] = fmaf(pw[k], v, acc[k]);
+        s[t][0] = __fmul_rn(c[0] + c[2], scale);  // hi row gid plus lo row gid + 8
+        s[t][1] = __fmul_rn(c[1] + c[3], scale);
     }
 }
-
-// The block's stored scores of one row (ATTN_PREFILL_QUERIES floats) in `stash`, global memory: pass 1 writes them
-// and pass 2 reads them back, each row by the thread that wrote it.
-struct AttnPrefillRowScores {
-    float4 lo, hi;
-};
 
 template <int HD>
 __device__ __forceinline__ void attention_prefill_body(const float* __restrict__ qkv, const kv_t* __restrict__ k_cache,
                                                        const kv_t* __restrict__ v_cache, float* __restrict__ out,
                                                        const int* pos_ptr, int pos_host, int n_tokens,
                                                        int tokens_per_block, int n_heads, int n_kv_heads,
-                                                       float scale, float* __restrict__ stash, int stash_tiles) {
-    constexpr int QM = ATTN_PREFILL_QUERIES, ROWS = ATTN_PREFILL_ROWS, PARTS = ATTN_THREADS / HD, QP = QM / PARTS;
-    constexpr int KROW = attn_prefill_k_row_bytes(HD), KTILE = ROWS * KROW;
-    static_assert(ATTN_THREADS % HD == 0 && QM % PARTS == 0 && QM % 4 == 0, "threads split evenly into query parts");
-    static_assert(ATTN_PREFILL_K_BUFFERS == 2, "the passes alternate two K tiles");
-    static_assert(QM == 8, "a row's stored scores are two float4s");
-    pdl_enter();
-    extern __shared__ __align__(16) char prefill_tiles[];  // K tiles, then the V tile
-    const kv_t* vtile = reinterpret_cast<const kv_t*>(prefill_tiles + ATTN_PREFILL_K_BUFFERS * KTILE);
-    __shared__ __align__(16) float q[QM][HD];
-    __shared__ __align__(16) float p[ROWS][QM];  // the tile's weights, a row's queries side by side
-    __shared__ float scratch[32 * QM];
+                                                       float scale) {
+    constexpr int QM = ATTN_PREFILL_QUERIES, ROWS = ATTN_PREFILL_ROWS, W = ATTN_PREFILL_WARPS;
+    constexpr int STRIDE = attn_prefill_row_bytes(HD), TILE = ROWS * STRIDE, KS = HD / 16, NT = HD / 8;
+    static_assert(QM == 8 && ROWS == 32 * W && W * TT_WARP == ATTN_THREADS, "8 queries, 32 rows a warp");
+    static_assert(ATTN_PREFILL_K_BUFFERS == 2 && HD % 16 == 0, "the passes alternate two K tiles");
+    extern __shared__ __align__(16) char prefill_tiles[];  // K tiles, then the V tile; the outputs' sums at the end
+    char* vtile = prefill_tiles + ATTN_PREFILL_K_BUFFERS * TILE;
+    __shared__ float scratch[W][QM];  // each warp's max, then l, of each query
     const int kvh = blockIdx.x, group = n_heads / n_kv_heads, t0 = blockIdx.y * tokens_per_block;
+    const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, gid = lane / 4, tig = lane % 4;
     const int nq = min(tokens_per_block, n_tokens - t0) * group;
+    pdl_enter();
     const int pos0 = host_or_device(pos_ptr, pos_host), length = pos0 + t0 + nq / group;  // the last query's
     const int kv_stride = n_kv_heads * HD, width = (n_heads + 2 * n_kv_heads) * HD;
-    // Tiles below stash_tiles keep their scores from pass 1 for pass 2 (stash_tiles tiles a block, in block order);
-    // later tiles are scored again from their K rows. The same values either way.
-    AttnPrefillRowScores* rows_stash = reinterpret_cast<AttnPrefillRowScores*>(stash) +
-                                       (size_t)(blockIdx.y * gridDim.x + blockIdx.x) * stash_tiles * ROWS;
-    attn_prefill_stage<HD>(prefill_tiles, KROW, k_cache, 0, min(ROWS, length), kv_stride, kvh);
-    for (int e = threadIdx.x; e < QM * HD; e += ATTN_THREADS) {
-        const int qi = e / HD, d = e % HD;
-        q[qi][d] = qi < nq ? qkv[(size_t)(t0 + qi / group) * width + (kvh * group + qi % group) * HD + d] : 0.0f;
+    attn_prefill_stage<HD>(prefill_tiles, k_cache, 0, min(ROWS, length), kv_stride, kvh);
+    // Query gid's A fragments: rows gid (hi) and gid + 8 (lo), k = 2 tig, 2 tig + 1 and 2 tig + 8, 2 tig + 9.
+    uint32_t qa[KS][4];
+    {
+        const bool present = gid < nq;
+        const float* qrow = qkv + (size_t)(t0 + gid / group) * width + (kvh * group + gid % group) * HD;
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int d = 16 * ks + 2 * tig + 8 * h;
+                const float x0 = present ? qrow[d] : 0.0f, x1 = present ? qrow[d + 1] : 0.0f;
+                const uint32_t hi = pack_bf16x2(x0, x1);
+                float h0, h1;
+                bf16x2_to_float(hi, h0, h1);
+                qa[ks][2 * h] = hi;
+                qa[ks][2 * h + 1] = pack_bf16x2(x0 - h0, x1 - h1);
+            }
+        }
     }
-    // Query qi sees positions below qlen(qi); an absent query sees none.
-    auto qlen = [&](int qi) { return qi < nq ? pos0 + t0 + qi / group + 1 : 0; };
+    // Query gid sees positions below qlen; an absent query sees none.
+    const int qlen = gid < nq ? pos0 + t0 + gid / group + 1 : 0;
 
     // Pass 1: each query's max score.
-    float mx[QM];
-#pragma unroll
-    for (int qi = 0; qi < QM; ++qi) mx[qi] = -INFINITY;
+    float mx = -INFINITY;
     for (int n = 0, j0 = 0; j0 < length; ++n, j0 += ROWS) {
         if (j0 + ROWS < length) {
-            attn_prefill_stage<HD>(prefill_tiles + ((n + 1) & 1) * KTILE, KROW, k_cache, j0 + ROWS,
+            attn_prefill_stage<HD>(prefill_tiles + ((n + 1) & 1) * TILE, k_cache, j0 + ROWS,
                                    min(ROWS, length - j0 - ROWS), kv_stride, kvh);
             cp_async_wait<1>();
         } else
             cp_async_wait<0>();
-        __syncthreads();  // tile n's K rows (and, the first time, q) are in place
-        const int j = j0 + threadIdx.x;
-        if (j < length) {
-            float s[QM] = {};
-            attn_prefill_row_scores<HD>(s, prefill_tiles + (n & 1) * KTILE, threadIdx.x, nq, q, scale);
+        __syncthreads();  // tile n's K rows are in place
+        if (j0 + 32 * warp < length) {  // uniform across the warp
+            float s[4][2];
+            attn_prefill_mma_scores<HD>(s, prefill_tiles + (n & 1) * TILE, warp, gid, tig, qa, scale);
 #pragma unroll
-            for (int qi = 0; qi < QM; ++qi)
-                if (j < qlen(qi)) mx[qi] = fmaxf(mx[qi], s[qi]);
-            if (n < stash_tiles)
-                rows_stash[n * ROWS + threadIdx.x] = {make_float4(s[0], s[1], s[2], s[3]),
-                                                      make_float4(s[4], s[5], s[6], s[7])};
+            for (int t = 0; t < 4; ++t)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (j0 + 32 * warp + 8 * t + 2 * tig + e < qlen) mx = fmaxf(mx, s[t][e]);
         }
         __syncthreads();  // K buffer n & 1 is free for tile n + 2
     }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));  // exact in any order
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    if (tig == 0) scratch[warp][gid] = mx;
+    __syncthreads();
+    mx = scratch[0][gid];
 #pragma unroll
-    for (int qi = 0; qi < QM; ++qi) mx[qi] = block_max(mx[qi], scratch);
+    for (int w = 1; w < W; ++w) mx = fmaxf(mx, scratch[w][gid]);
 
-    // Pass 2: the weights, l's partials and the output sums, tile by tile. Each tile commits two copy groups, its V
-    // rows and the next tile's K rows (empty where the next tile is stored or there is none), so that one count of
-    // groups in flight serves every tile.
-    const int part = threadIdx.x / HD, d = threadIdx.x % HD;
-    float lsum[QM], acc[QP];
+    // Pass 2: the weights, l and the output sums, tile by tile. Each tile commits two copy groups, its V rows and
+    // the next tile's K rows, so that one count of groups in flight serves every tile.
+    float l = 0.0f;
+    float acc[NT][4];  // dims 8 nt + 2 tig, + 1: rows gid (hi weights) and gid + 8 (lo weights)
 #pragma unroll
-    for (int qi = 0; qi < QM; ++qi) lsum[qi] = 0.0f;
-#pragma unroll
-    for (int k = 0; k < QP; ++k) acc[k] = 0.0f;
-    int mylen[QP];
-#pragma unroll
-    for (int k = 0; k < QP; ++k) mylen[k] = qlen(part * QP + k);
-    AttnPrefillRowScores kept{};  // this thread's row of the tile at hand, where that tile is stored
-    if (0 < stash_tiles) {
-        if (threadIdx.x < length) kept = rows_stash[threadIdx.x];
-        cp_async_commit();
-    } else
-        attn_prefill_stage<HD>(prefill_tiles, KROW, k_cache, 0, min(ROWS, length), kv_stride, kvh);
+    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    attn_prefill_stage<HD>(prefill_tiles, k_cache, 0, min(ROWS, length), kv_stride, kvh);
     for (int n = 0, j0 = 0; j0 < length; ++n, j0 += ROWS) {
-        const int rows = min(ROWS, length - j0), j = j0 + threadIdx.x;
-        const bool next = j0 + ROWS < length, stored = n < stash_tiles, next_stored = n + 1 < stash_tiles;
-        attn_prefill_stage<HD>(prefill_tiles + ATTN_PREFILL_K_BUFFERS * KTILE, HD * (int)sizeof(kv_t), v_cache, j0,
-                               rows, kv_stride, kvh);
-        AttnPrefillRowScores later{};  // the next tile's row, loaded a tile ahead of its use
-        if (next && !next_stored)
-            attn_prefill_stage<HD>(prefill_tiles + ((n + 1) & 1) * KTILE, KROW, k_cache, j0 + ROWS,
+        const int rows = min(ROWS, length - j0);
+        attn_prefill_stage<HD>(vtile, v_cache, j0, rows, kv_stride, kvh);
+        if (j0 + ROWS < length)
+            attn_prefill_stage<HD>(prefill_tiles + ((n + 1) & 1) * TILE, k_cache, j0 + ROWS,
                                    min(ROWS, length - j0 - ROWS), kv_stride, kvh);
-        else {
-            if (next && j + ROWS < length) later = rows_stash[(n + 1) * ROWS + threadIdx.x];
-            cp_async_commit();
-        }
-        float w[QM];
+        else
+            cp_async_commit();  // an empty group keeps the count
+        cp_async_wait<2>();     // tile n's K; its V and the next K may still be in flight
+        __syncthreads();
+        const bool mine = 32 * warp < rows;  // uniform across the warp: this warp's rows hold positions
+        uint32_t pa[2][4];                   // the weights as A fragments of the two k16 steps of the warp's rows
+        if (mine) {
+            float s[4][2];
+            attn_prefill_mma_scores<HD>(s, prefill_tiles + (n & 1) * TILE, warp, gid, tig, qa, scale);
 #pragma unroll
-        for (int qi = 0; qi < QM; ++qi) w[qi] = 0.0f;
-        if (!stored) {  // uniform
-            cp_async_wait<2>();  // tile n's K; its V and the next K may still be in flight
-            __syncthreads();
-        }
-        if (j < length) {
-            float s[QM] = {};
-            if (stored) {
-                s[0] = kept.lo.x, s[1] = kept.lo.y, s[2] = kept.lo.z, s[3] = kept.lo.w;
-                s[4] = kept.hi.x, s[5] = kept.hi.y, s[6] = kept.hi.z, s[7] = kept.hi.w;
-            } else
-                attn_prefill_row_scores<HD>(s, prefill_tiles + (n & 1) * KTILE, threadIdx.x, nq, q, scale);
+            for (int t = 0; t < 4; ++t) {
+                float p[2];
 #pragma unroll
-            for (int qi = 0; qi < QM; ++qi) {
-                if (j < qlen(qi)) {
-                    w[qi] = expf(s[qi] - mx[qi]);
-                    lsum[qi] += w[qi];
+                for (int e = 0; e < 2; ++e) {
+                    p[e] = j0 + 32 * warp + 8 * t + 2 * tig + e < qlen ? expf(s[t][e] - mx) : 0.0f;
+                    l += p[e];
+                }
+                const uint32_t hi = pack_bf16x2(p[0], p[1]);
+                float h0, h1;
+                bf16x2_to_float(hi, h0, h1);
+                // step t / 2: k = 2 tig, + 1 from row group t even (a0 hi, a1 lo), 2 tig + 8, + 9 from t odd
+                pa[t / 2][2 * (t % 2)] = hi;
+                pa[t / 2][2 * (t % 2) + 1] = pack_bf16x2(p[0] - h0, p[1] - h1);
+            }
+        }
+        cp_async_wait<1>();  // tile n's V
+        __syncthreads();
+        if (mine) {
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks) {
+                const int r = 32 * warp + 16 * ks + 2 * tig;  // B rows k = 2 tig, + 1 and 2 tig + 8, + 9
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const int d = 8 * nt + gid;  // B column gid
+                    const uint32_t b0 = attn_prefill_v_pair(vtile, STRIDE, r, d);
+                    const uint32_t b1 = attn_prefill_v_pair(vtile, STRIDE, r + 8, d);
+                    mma_bf16_16816(acc[nt], pa[ks][0], pa[ks][1], pa[ks][2], pa[ks][3], b0, b1);
                 }
             }
         }
-        kept = later;
-#pragma unroll
-        for (int qi = 0; qi < QM; qi += 4)
-            *reinterpret_cast<float4*>(&p[threadIdx.x][qi]) = make_float4(w[qi], w[qi + 1], w[qi + 2], w[qi + 3]);
-        cp_async_wait<1>();  // tile n's V
-        __syncthreads();
-        if (j0 + rows <= pos0 + t0 + 1)  // uniform: the block's first query, so every present one, sees every row
-            attn_prefill_v_rows<HD, QP, false>(acc, p, vtile, rows, part, d, j0, mylen);
-        else
-            attn_prefill_v_rows<HD, QP, true>(acc, p, vtile, rows, part, d, j0, mylen);
-        __syncthreads();  // the next tile overwrites p, the V tile and K buffer n & 1
+        __syncthreads();  // the next tile overwrites the V tile and K buffer n & 1
     }
-    block_sums<QM>(lsum, scratch);  // leaves query qi's total in scratch[32 * qi] as well
+    // l and the outputs: each warp's part, then the parts added in warp order.
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (tig == 0) scratch[warp][gid] = l;
+    float* sums = reinterpret_cast<float*>(prefill_tiles);  // [warp][query][HD], 32 KB at head_dim 128
 #pragma unroll
-    for (int k = 0; k < QP; ++k) {
-        const int qi = part * QP + k;
-        if (qi < nq)
-            out[(size_t)(t0 + qi / group) * n_heads * HD + (kvh * group + qi % group) * HD + d] =
-                acc[k] / scratch[32 * qi];
+    for (int nt = 0; nt < NT; ++nt) {
+        float* to = sums + ((size_t)warp * QM + gid) * HD + 8 * nt + 2 * tig;
+        to[0] = acc[nt][0] + acc[nt][2];  // the hi weights' products plus the lo weights'
+        to[1] = acc[nt][1] + acc[nt][3];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < QM * HD; e += ATTN_THREADS) {
+        const int qi = e / HD, d = e % HD;
+        if (qi >= nq) continue;
+        float total = sums[(size_t)qi * HD + d], lq = scratch[0][qi];
+        for (int w = 1; w < W; ++w) {
+            total += sums[((size_t)w * QM + qi) * HD + d];
+            lq += scratch[w][qi];
+        }
+        out[(size_t)(t0 + qi / group) * n_heads * HD + (kvh * group + qi % group) * HD + d] = total / lq;
     }
 }
 
 #define ATTN_PREFILL_PARAMS                                                                                   \
     const float *__restrict__ qkv, const kv_t *__restrict__ k_cache, const kv_t *__restrict__ v_cache,          \
         float *__restrict__ out, const int *pos_ptr, int pos_host, int n_tokens, int tokens_per_block, int n_heads, \
-        int n_kv_heads, float scale, float *__restrict__ stash, int stash_tiles
+        int n_kv_heads, float scale
 #define ATTN_PREFILL_ARGS \
-    qkv, k_cache, v_cache, out, pos_ptr, pos_host, n_tokens, tokens_per_block, n_heads, n_kv_heads, scale, stash, \
-        stash_tiles
+    qkv, k_cache, v_cache, out, pos_ptr, pos_host, n_tokens, tokens_per_block, n_heads, n_kv_heads, scale
 
 extern "C" __global__ void __launch_bounds__(ATTN_THREADS) attention_prefill_hd128(ATTN_PREFILL_PARAMS) {
     attention_prefill_body<128>(ATTN_PREFILL_ARGS);

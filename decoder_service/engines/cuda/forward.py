@@ -97,16 +97,11 @@ SHORT_ATTENTION_POSITIONS = ATTN_MERGE_SPLIT * ATTN_CHUNK
 # takes the cluster form or else the global one.
 AttentionForm = Literal["global", "cluster", "short"]
 # Prefill attention: attention_prefill_hd128 / _hd64 serve up to ATTN_PREFILL_QUERIES (token, q head) queries of
-# one kv head a block with `attention`'s bits; other head_dims, or groups past that, take `attention` itself.
+# one kv head a block on the tensor cores (queries and weights split into bf16 hi and lo terms, fp32 sums: not
+# `attention`'s bits, within about 1e-5 of them); other head_dims, or groups past that, take `attention` itself.
 # $TOOLTRIE_PREFILL_ATTENTION=0 keeps `attention` everywhere (the benchmarks' comparison).
 ATTN_PREFILL_QUERIES = 8
 ATTN_PREFILL_ROWS = 256  # positions a tile (cuda/attention.cuh)
-# The grouped prefill attention keeps each tile's scores from its first pass for its second (8 KB a block and tile,
-# in global memory) within this many bytes for a launch's blocks together; a block's tiles past its share are
-# scored again (the same bits). A 36-token request suffix after 4,249 positions keeps 10 MB, a 512-token chunk of a
-# prompt there 143 MB.
-ATTN_PREFILL_STASH_BYTES = 256 << 20
-ATTN_PREFILL_TILE_STASH = ATTN_PREFILL_ROWS * ATTN_PREFILL_QUERIES * 4
 PREFILL_ATTENTION_ENV = "TOOLTRIE_PREFILL_ATTENTION"
 ATTN_STATIC_SHARED = 33_920  # attention's static shared memory (ptxas -v)
 MAX_SHARED_PER_BLOCK = 227 * 1024
@@ -155,7 +150,7 @@ def decode_attention_kernel(head_dim: int, form: AttentionForm = "global", chain
 
 def prefill_attention_kernel(head_dim: int, group: int, grouped: bool = True) -> str:
     """The prefill attention kernel for this geometry: the grouped form (grouped and a compiled head_dim and a kv
-    group within ATTN_PREFILL_QUERIES), else `attention`, a block per (head, token). Both give the same bits."""
+    group within ATTN_PREFILL_QUERIES), else `attention`, a block per (head, token)."""
     if grouped and head_dim in ATTN_COMPILED_HEAD_DIMS and group <= ATTN_PREFILL_QUERIES:
         return f"attention_prefill_hd{head_dim}"
     return "attention"
@@ -163,21 +158,15 @@ def prefill_attention_kernel(head_dim: int, group: int, grouped: bool = True) ->
 
 def prefill_attention_shared(head_dim: int) -> int:
     """attention_prefill_hd*'s dynamic shared memory (attn_prefill_shared in cuda/attention.cuh): two tiles of K
-    rows, each row padded by 16 bytes, and one of V rows."""
-    return ATTN_PREFILL_ROWS * (2 * (head_dim * KV_ENTRY_BYTES + 16) + head_dim * KV_ENTRY_BYTES)
-
-
-def prefill_stash_tiles(blocks: int, max_context: int, stash_bytes: int) -> int:
-    """Tiles of scores each of a grouped prefill attention launch's ``blocks`` keeps from its first pass in a stash of
-    ``stash_bytes``: every tile of ``max_context`` positions where they fit, else the share that does."""
-    return min(-(-max_context // ATTN_PREFILL_ROWS), stash_bytes // (blocks * ATTN_PREFILL_TILE_STASH))
+    rows and one of V rows, each row padded by 16 bytes."""
+    return ATTN_PREFILL_ROWS * 3 * (head_dim * KV_ENTRY_BYTES + 16)
 
 
 def prefill_tokens_per_block(group: int) -> int:
     """Tokens a block of the grouped prefill attention takes: as many as its ATTN_PREFILL_QUERIES queries hold, so
     that every K and V row it reads serves as many queries as it can. Fewer tokens a block, for more blocks, was
-    slower: a block takes a whole SM's shared memory at head_dim 128, so blocks past the SMs form a second wave
-    (on an H100, 36 tokens after 4,249 positions: 240 µs a layer at 3 or 4 tokens a block, 378 at 2, 545 at 1)."""
+    slower: a block takes most of an SM's shared memory at head_dim 128, so blocks past the SMs form a second wave
+    (on an H100, 36 tokens after 4,249 positions: 92 µs a layer at 4 tokens a block, 94 at 3, 177 at 2, 261 at 1)."""
     return max(1, ATTN_PREFILL_QUERIES // group)
 
 
@@ -419,12 +408,8 @@ class CudaModel:
         grouped = env_int(PREFILL_ATTENTION_ENV, 1, 0, 1) == 1
         self.prefill_attention = prefill_attention_kernel(c.head_dim, c.num_heads // c.num_kv_heads, grouped)
         self.prefill_attention_shared = prefill_attention_shared(c.head_dim)
-        self.prefill_stash: DeviceBuffer | None = None
         if self.prefill_attention != "attention":
             module.kernel(self.prefill_attention).set_max_dynamic_shared(self.prefill_attention_shared)
-            # What the longest prefill chunk's blocks keep at max_context, within ATTN_PREFILL_STASH_BYTES.
-            tiles = self._prefill_attention_blocks(max_prefill) * -(-max_context // ATTN_PREFILL_ROWS)
-            self.prefill_stash = DeviceBuffer(min(ATTN_PREFILL_STASH_BYTES, tiles * ATTN_PREFILL_TILE_STASH))
         gemv_shared = max(c.hidden_size, self.q_width, c.intermediate_size) * F32  # the staged input row
         if gemv_shared > DEFAULT_SHARED_LIMIT - 1024:
             if gemv_shared > MAX_SHARED_PER_BLOCK - 1024:
@@ -975,23 +960,14 @@ class CudaModel:
                 [*caches, ("i32", c.num_heads), ("i32", c.num_kv_heads), ("i32", c.head_dim), scale],
                 shared_bytes=self.attn_shared,
             )
-        assert self.prefill_stash is not None
         per_block = prefill_tokens_per_block(c.num_heads // c.num_kv_heads)
-        blocks = self._prefill_attention_blocks(n)
-        kept = prefill_stash_tiles(blocks, self.max_context, self.prefill_stash.nbytes)
-        stash = [("ptr", self.prefill_stash.ptr), ("i32", kept)]
         return Launch(
             self.module.kernel(self.prefill_attention),
-            (c.num_kv_heads, blocks // c.num_kv_heads, 1),
+            (c.num_kv_heads, -(-n // per_block), 1),
             (ATTN_THREADS, 1, 1),
-            [*caches, ("i32", n), ("i32", per_block), ("i32", c.num_heads), ("i32", c.num_kv_heads), scale, *stash],
+            [*caches, ("i32", n), ("i32", per_block), ("i32", c.num_heads), ("i32", c.num_kv_heads), scale],
             shared_bytes=self.prefill_attention_shared,
         )
-
-    def _prefill_attention_blocks(self, n: int) -> int:
-        """Blocks of the grouped prefill attention for ``n`` tokens: a kv head's tokens_per_block tokens each."""
-        c = self.config
-        return c.num_kv_heads * -(-n // prefill_tokens_per_block(c.num_heads // c.num_kv_heads))
 
     def prefill(self, tokens: Sequence[int]) -> None:
         """Append ``tokens`` to the sequence in chunks of ``max_prefill``; logits and argmax of the last one follow."""
@@ -1079,8 +1055,6 @@ class CudaModel:
             *self.v_cache,
             self.rope,
         ]
-        if self.prefill_stash is not None:
-            buffers.append(self.prefill_stash)
         for buf in buffers:
             buf.free()
         self.weights.free()

@@ -106,7 +106,7 @@ def test_fp8_format_refuses_weights_that_are_not_e4m3_rows(fake_driver: FakeDriv
         CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8, weight_format="fp8")
     with pytest.raises(ValueError, match="unknown weight format 'int4'"):
         CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8, weight_format="int4")
-    assert set(fake_driver.live) == before  # the weights uploaded before the refusal were freed
+    assert fake_driver.live == before  # the weights uploaded before the refusal were freed
 
 
 def test_long_prefill_runs_on_the_tensor_cores(fake_driver: FakeDriver) -> None:
@@ -201,9 +201,9 @@ def test_model_frees_all_it_allocated(fake_driver: FakeDriver, decode_kernel: st
     model = tiny_qwen3_model(decode_kernel)
     model.prefill([5, 6, 7])
     model.decode()
-    assert set(fake_driver.live) - before, "the model holds device memory while alive"
+    assert fake_driver.live - before, "the model holds device memory while alive"
     model.free()
-    assert set(fake_driver.live) == before, f"{len(set(fake_driver.live) - before)} device buffers outlive the model"
+    assert fake_driver.live == before, f"{len(fake_driver.live - before)} device buffers outlive the model"
 
 
 H200_SM_SHARED = 228 * 1024
