@@ -98,7 +98,7 @@ SHORT_ATTENTION_POSITIONS = ATTN_MERGE_SPLIT * ATTN_CHUNK
 AttentionForm = Literal["global", "cluster", "short"]
 # Prefill attention: attention_prefill_hd128 / _hd64 serve up to ATTN_PREFILL_QUERIES (token, q head) queries of
 # one kv head a block on the tensor cores (queries and weights split into bf16 hi and lo terms, fp32 sums: not
-# `attention`'s bits, within about 1e-5 of them); other head_dims, or groups past that, take `attention` itself.
+# `attention`'s bits, within 4e-6 of them); other head_dims, or groups past that, take `attention` itself.
 # $TOOLTRIE_PREFILL_ATTENTION=0 keeps `attention` everywhere (the benchmarks' comparison).
 ATTN_PREFILL_QUERIES = 8
 ATTN_PREFILL_ROWS = 256  # positions a tile (cuda/attention.cuh)
