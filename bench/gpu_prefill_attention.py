@@ -14,10 +14,8 @@ MAX_DIFFERENCE. (docs/cuda-speed-notes.md #135-#139 quote its numbers for the ke
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +23,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from decoder_service.engines.cuda.driver import Stream, cuda_available  # noqa: E402
+from bench.kernel_bench import Row, kernel_bench_main, launch_us  # noqa: E402
+from decoder_service.engines.cuda.driver import Stream  # noqa: E402
 from decoder_service.engines.cuda.forward import ATTN_THREADS, prefill_attention_shared  # noqa: E402
 from decoder_service.engines.cuda.memory import DeviceBuffer  # noqa: E402
 from decoder_service.engines.cuda.module import Launch, Module  # noqa: E402
@@ -37,17 +36,6 @@ HD, HEADS, KV_HEADS = 128, 16, 8
 CASES = ((4249, 36, 20), (200, 36, 20), (1000, 36, 20), (3737, 512, 5))
 TOKENS_PER_BLOCK = (1, 2, 3, 4)
 MAX_DIFFERENCE = 1e-4  # the GPU kernel test's bound against float64
-
-
-def launch_us(stream: Stream, launch: Launch, repeats: int) -> float:
-    """Wall µs a launch over ``repeats`` launches of one shape, after one warm-up."""
-    launch(stream)
-    stream.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        launch(stream)
-    stream.synchronize()
-    return round((time.perf_counter() - t0) / repeats * 1e6, 1)
 
 
 def run_case(module: Module, stream: Stream, pos0: int, tokens: int, repeats: int) -> dict[str, object]:
@@ -93,26 +81,15 @@ def run_case(module: Module, stream: Stream, pos0: int, tokens: int, repeats: in
     return row
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cubin", type=Path, default=REPO / "cuda" / "build" / "tooltrie.cubin")
-    parser.add_argument("--out", type=Path, help="also write the rows as a JSON list")
-    args = parser.parse_args()
-    ok, reason = cuda_available()
-    if not ok:
-        print(f"no usable CUDA device: {reason}", file=sys.stderr)
-        return 2
-    module, stream = Module(args.cubin), Stream()
-    rows = []
+def all_rows(module: Module, stream: Stream) -> Iterator[Row]:
     for pos0, tokens, repeats in CASES:
-        rows.append(run_case(module, stream, pos0, tokens, repeats))
-        print(json.dumps(rows[-1]), flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(rows, indent=2) + "\n")
-    grouped = [v for r in rows for key, v in r.items() if key.startswith("grouped_")]
-    differ = [v for v in grouped if not v["difference"] <= MAX_DIFFERENCE]
-    return 1 if differ else 0
+        yield run_case(module, stream, pos0, tokens, repeats)
+
+
+def failed(rows: list[Row]) -> bool:
+    grouped = [v for r in rows for key, v in r.items() if key.startswith("grouped_") and isinstance(v, dict)]
+    return any(not v["difference"] <= MAX_DIFFERENCE for v in grouped)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(kernel_bench_main(__doc__, all_rows, failed))

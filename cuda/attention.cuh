@@ -8,6 +8,7 @@
 //           in tiles of ATTN_TILE_FLOATS so that the whole block loads while one thread per dimension adds.
 // Dynamic shared memory: the scores, max_ctx floats.
 #pragma once
+#include "async_copy.cuh"
 #include "common.cuh"
 #include "gemm.cuh"  // the tensor-core helpers (bf16 split, mma)
 #include "kv_cache.cuh"
@@ -101,19 +102,6 @@ __host__ __device__ constexpr int attn_prefill_row_bytes(int hd) { return hd * (
 
 __host__ __device__ constexpr int attn_prefill_shared(int hd) {
     return ATTN_PREFILL_ROWS * (ATTN_PREFILL_K_BUFFERS + 1) * attn_prefill_row_bytes(hd);
-}
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    const uint32_t to = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-// Waits until at most `pending` of this thread's committed copy groups are still in flight.
-template <int pending>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(pending) : "memory");
 }
 
 // Rows j0 .. j0 + rows - 1 of kv head kvh (HD entries each) into dst, attn_prefill_row_bytes a row; one copy group.

@@ -10,7 +10,8 @@
 #   bench_gpu_decode.json, bench_gpu_forward.json, bench.log   constrained and unconstrained decode timings
 #   trace_attention.json  timestamps inside one layer's attention and o GEMV (a -DTT_TRACE build of the kernels)
 #   trace_persistent.json the persistent decode kernel's phases and hand-overs, per block (the same trace build)
-#   bench_gpu_prefill_attention.json  prefill attention kernels launched alone, their bits compared
+#   bench_gpu_prefill_attention.json  prefill attention kernels launched alone, their outputs compared
+#   bench_gpu_prefill_gemm.json  prefill GEMMs launched alone, the weight-ring kernel's bits compared
 #   e2e.log              `tooltrie up --once --engine cuda` on a tiny synthetic Qwen3: registry, decoder, decodes
 #   bench_gpu_side_by_side.json, side_by_side.log   real tokenizer and catalogs, beside transformers and the floor
 # STAGES (default "engine kernels bench side e2e") picks what runs: engine = tests/.../test_engine_gpu.py,
@@ -64,6 +65,8 @@ case " $STAGES " in *" bench "*)
   "$PY" bench/gpu_trace_persistent.py --out "$OUT/trace_persistent.json" 2>&1 | tee -a "$OUT/bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || bench_rc=1
   "$PY" bench/gpu_prefill_attention.py --out "$OUT/bench_gpu_prefill_attention.json" 2>&1 | tee -a "$OUT/bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || bench_rc=1
+  "$PY" bench/gpu_prefill_gemm.py --out "$OUT/bench_gpu_prefill_gemm.json" 2>&1 | tee -a "$OUT/bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || bench_rc=1 ;;
 esac
 case " $STAGES " in *" side "*)

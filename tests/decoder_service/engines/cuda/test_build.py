@@ -56,6 +56,7 @@ def test_cubin_builds_with_every_kernel(product_cubin: Path) -> None:
         "gemv_stream_swiglu_bf16",
         "gemm_bf16",
         "gemm_mma16_bf16",
+        "gemm_mma16_ring_bf16",
         "gemm_mma8_bf16",
         "rope_table",
         "qk_norm_rope_cache",

@@ -56,6 +56,9 @@ def test_tensor_core_gemm_layout_matches_the_kernel() -> None:
     macros = _macros("gemm.cuh")
     assert (macros["GMMA_ROWS"], macros["GMMA_RED_STRIDE"]) == (forward.GEMM_MMA_ROWS, forward.GEMM_MMA_RED_STRIDE)
     assert macros["GMMA_KSPLIT"] == 4  # gemm_mma_shared's four K-quarter partials
+    # gemm_mma_shared's weight slots: 8 warps, a batch of 16-byte pieces for each lane
+    assert 8 * macros["GMMA_BATCH"] * macros["GMMA_TILES"] * 32 * 16 == forward.GEMM_MMA_RING_BYTES
+    assert "#define GMMA_RING_BYTES (8 * GMMA_BATCH * GMMA_TILES * TT_WARP * 16)" in (CUDA_DIR / "gemm.cuh").read_text()
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,53 @@
+"""What the kernel-alone benchmarks (bench/gpu_prefill_attention.py, bench/gpu_prefill_gemm.py) share: the time of
+one launch shape, and their command line (a cubin in, one JSON row a case out, optionally a JSON file)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from decoder_service.engines.cuda.driver import Stream, cuda_available  # noqa: E402
+from decoder_service.engines.cuda.module import Launch, Module  # noqa: E402
+
+Row = dict[str, object]
+
+
+def launch_us(stream: Stream, launch: Launch, repeats: int) -> float:
+    """Wall µs a launch over ``repeats`` launches of one shape, after one warm-up."""
+    launch(stream)
+    stream.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        launch(stream)
+    stream.synchronize()
+    return round((time.perf_counter() - t0) / repeats * 1e6, 1)
+
+
+def kernel_bench_main(
+    doc: str, rows_of: Callable[[Module, Stream], Iterator[Row]], failed: Callable[[list[Row]], bool]
+) -> int:
+    """Parse --cubin and --out, print each row ``rows_of`` yields as it comes, write them all to --out; exit 2
+    without a usable GPU, 1 where ``failed`` says the rows show a fault (outputs that differ), else 0."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--cubin", type=Path, default=REPO / "cuda" / "build" / "tooltrie.cubin")
+    parser.add_argument("--out", type=Path, help="also write the rows as a JSON list")
+    args = parser.parse_args()
+    ok, reason = cuda_available()
+    if not ok:
+        print(f"no usable CUDA device: {reason}", file=sys.stderr)
+        return 2
+    module, stream = Module(args.cubin), Stream()
+    rows = []
+    for row in rows_of(module, stream):
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=2) + "\n")
+    return 1 if failed(rows) else 0
