@@ -82,10 +82,11 @@ gemm_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_
 // and + 2 + e in the h-th of them. The same map holds for A's fragments, so every column is summed once. A group's
 // four K-quarters are then added in ascending order through shared memory.
 // Weights are requested GMMA_BATCH steps ahead, across row groups, the first batch before the wait. RING
-// (gemm_mma16_ring_bf16): a warp keeps two batches in flight instead of one, odd batches through a slot of its own
-// in shared memory (cp.async, each lane copying and later reading only its own pieces), even ones through registers
-// as before, so while it reduces batch i, batches i + 1 and i + 2 are on their way (the same values in the same
-// order: the same bits; docs/cuda-speed-notes.md #140).
+// (gemm_mma16_ring_bf16): odd batches go through a slot of the warp's own in shared memory (cp.async, each lane
+// copying and later reading only its own pieces), even ones through registers as before, so that while a warp
+// reduces an even batch the next two are on their way (one while it reduces an odd batch, whose slot is refilled
+// only once its values are in use); the same values in the same order: the same bits (docs/cuda-speed-notes.md
+// #140).
 // Deterministic: an output element is a fixed sum of four chains of mmas in ascending steps, whatever the grid; and
 // an mma's row does not depend on the other rows of its tile, so a token's results do not depend on the tokens
 // beside it (prefill chunks give the same bits). Requires K % 32 == 0. Dynamic shared memory: gemm_mma_shared().
@@ -273,14 +274,17 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
             }
             __syncthreads();  // red is written again by the next group
         }
-        if (RING && i % 2 == 0) {  // batch i + 1 waits in the slot; batch i + 3 takes the slot's place
+        if (RING && i % 2 == 0) {  // batch i + 1 waits in the slot
             cp_async_wait<0>();
 #pragma unroll
             for (int j = 0; j < GMMA_BATCH; ++j)
 #pragma unroll
                 for (int r = 0; r < GMMA_TILES; ++r) cur[j][r] = slot[(j * GMMA_TILES + r) * TT_WARP + lane];
-            copy(i + 3);
-        } else {  // batch i + 1 waits in next (RING: batch i + 3 takes its place)
+        } else {  // batch i + 1 waits in next
+            // RING: the slot's batch i went into this iteration's mmas, so its loads are done and batch i + 2 may
+            // take its place (a copy issued right after those loads, before any instruction used them, would have
+            // no order against them); batch i + 3 takes next's.
+            if constexpr (RING) copy(i + 2);
 #pragma unroll
             for (int j = 0; j < GMMA_BATCH; ++j)
 #pragma unroll
@@ -297,8 +301,8 @@ gemm_mma16_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const
     gemm_mma<16, false>(A, W, bias, residual, C, M, N, K);
 }
 
-// gemm_mma16_bf16 with two batches of weights in flight a warp (RING); its dynamic shared memory holds the warps'
-// slots after the partials (gemm_mma_shared with the ring). Opt-in (TOOLTRIE_GEMM_RING=1) until measured.
+// gemm_mma16_bf16 with up to two batches of weights in flight a warp (RING); its dynamic shared memory holds the
+// warps' slots after the partials (gemm_mma_shared with the ring). Opt-in (TOOLTRIE_GEMM_RING=1) until measured.
 extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_mma16_ring_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
                      const float* residual, float* C, int M, int N, int K) {

@@ -77,8 +77,8 @@ GEMM_MMA_ROWS = 64
 GEMM_MMA_TOKENS = (16, 8)
 GEMM_MMA_RED_STRIDE = 68
 # gemm_mma16_ring_bf16's weight slots in shared memory: 8 warps, a batch each of 4 steps x 4 tiles x 32 lanes x 16
-# bytes. $TOOLTRIE_GEMM_RING=1 takes that kernel (the same bits as gemm_mma16_bf16, two batches of weights in flight
-# a warp) wherever its slots fit; off by default until it is measured (docs/cuda-speed-notes.md #140).
+# bytes. $TOOLTRIE_GEMM_RING=1 takes that kernel (the same bits as gemm_mma16_bf16, up to two batches of weights in
+# flight a warp) wherever its slots fit; off by default until it is measured (docs/cuda-speed-notes.md #140).
 GEMM_MMA_RING_BYTES = 8 * 4 * 4 * 32 * 16
 GEMM_RING_ENV = "TOOLTRIE_GEMM_RING"
 ATTN_THREADS = 256
