@@ -29,6 +29,7 @@ from decoder_service.engines.cuda.forward import ATTN_THREADS, prefill_attention
 from decoder_service.engines.cuda.memory import DeviceBuffer  # noqa: E402
 from decoder_service.engines.cuda.module import Launch, Module  # noqa: E402
 from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random  # noqa: E402
+from tests.decoder_service.engines.cuda.reference import rel_err  # noqa: E402
 
 HD, HEADS, KV_HEADS = 128, 16, 8
 # (first position, tokens, timed launches): a request suffix after the 1,000-name catalog's prompt, after short
@@ -74,8 +75,7 @@ def run_case(module: Module, stream: Stream, pos0: int, tokens: int, repeats: in
             shared,
         )
         us = launch_us(stream, launch, repeats)
-        got = dev.get(out, np.float32, tokens * HEADS * HD).astype(np.float64)
-        diff = float(np.linalg.norm(got - want) / np.linalg.norm(want)) if np.all(np.isfinite(got)) else float("inf")
+        diff = rel_err(dev.get(out, np.float32, tokens * HEADS * HD), want)
         row[f"grouped_{per_block}_tokens_a_block"] = {"us": us, "difference": diff}
     dev.free()
     return row

@@ -181,12 +181,7 @@ __device__ __forceinline__ void attention_prefill_body(const float* __restrict__
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int d = 16 * ks + 2 * tig + 8 * h;
-                const float x0 = present ? qrow[d] : 0.0f, x1 = present ? qrow[d + 1] : 0.0f;
-                const uint32_t hi = pack_bf16x2(x0, x1);
-                float h0, h1;
-                bf16x2_to_float(hi, h0, h1);
-                qa[ks][2 * h] = hi;
-                qa[ks][2 * h + 1] = pack_bf16x2(x0 - h0, x1 - h1);
+                split_bf16x2(present ? qrow[d] : 0.0f, present ? qrow[d + 1] : 0.0f, qa[ks][2 * h], qa[ks][2 * h + 1]);
             }
         }
     }
@@ -252,12 +247,8 @@ __device__ __forceinline__ void attention_prefill_body(const float* __restrict__
                     p[e] = j0 + 32 * warp + 8 * t + 2 * tig + e < qlen ? expf(s[t][e] - mx) : 0.0f;
                     l += p[e];
                 }
-                const uint32_t hi = pack_bf16x2(p[0], p[1]);
-                float h0, h1;
-                bf16x2_to_float(hi, h0, h1);
                 // step t / 2: k = 2 tig, + 1 from row group t even (a0 hi, a1 lo), 2 tig + 8, + 9 from t odd
-                pa[t / 2][2 * (t % 2)] = hi;
-                pa[t / 2][2 * (t % 2) + 1] = pack_bf16x2(p[0] - h0, p[1] - h1);
+                split_bf16x2(p[0], p[1], pa[t / 2][2 * (t % 2)], pa[t / 2][2 * (t % 2) + 1]);
             }
         }
         cp_async_wait<1>();  // tile n's V

@@ -108,17 +108,21 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float x0, float x1) {
     return d;
 }
 
+// hi and lo terms of two fp32 values, hi = bf16(x) and lo = bf16(x - hi) (x - hi is exact), each pair packed with
+// x0's in the low half.
+__device__ __forceinline__ void split_bf16x2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+    hi = pack_bf16x2(x0, x1);
+    float h0, h1;
+    bf16x2_to_float(hi, h0, h1);
+    lo = pack_bf16x2(x0 - h0, x1 - h1);
+}
+
 // hi and lo terms of 8 consecutive fp32 inputs, as 8 packed bf16 each.
 __device__ __forceinline__ void split_bf16x8(const float4& a, const float4& b, uint4& hi, uint4& lo) {
     const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
     uint32_t h[4], l[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        h[i] = pack_bf16x2(x[2 * i], x[2 * i + 1]);
-        float h0, h1;
-        bf16x2_to_float(h[i], h0, h1);
-        l[i] = pack_bf16x2(x[2 * i] - h0, x[2 * i + 1] - h1);
-    }
+    for (int i = 0; i < 4; ++i) split_bf16x2(x[2 * i], x[2 * i + 1], h[i], l[i]);
     hi = make_uint4(h[0], h[1], h[2], h[3]);
     lo = make_uint4(l[0], l[1], l[2], l[3]);
 }

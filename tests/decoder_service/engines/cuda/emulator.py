@@ -18,6 +18,7 @@ from decoder_service.engines.cuda.forward import (
     ATTN_CHUNK,
     ATTN_CLUSTER,
     ATTN_PREFILL_QUERIES,
+    GEMM_MMA_RING_BYTES,
     SHORT_ATTENTION_POSITIONS,
     prefill_attention_shared,
 )
@@ -539,7 +540,7 @@ class FakeDriver:
         self._gemm_mma(a, grid, block, shared, 16)
 
     def k_gemm_mma16_ring_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
-        self._gemm_mma(a, grid, block, shared, 16, ring=8 * 4 * 4 * 32 * 16)
+        self._gemm_mma(a, grid, block, shared, 16, ring=GEMM_MMA_RING_BYTES)
 
     def k_gemm_mma8_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         self._gemm_mma(a, grid, block, shared, 8)

@@ -32,9 +32,6 @@ from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random, 
 
 pytestmark = requires_gpu
 TOL = 1e-2
-# The tensor-core kernels' bound against float64 (bf16 hi and lo terms carry about 16 significant bits; the fp32
-# kernels measure 1e-7 to 1e-6, the tensor-core ones about 1e-6 to 1e-5)
-PREFILL_MMA_TOL = 1e-4
 F32 = np.float32
 
 
@@ -537,9 +534,9 @@ def test_gemm(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_in: i
     check(f"gemm/{m}x{n_out}x{k_in}", dev.get(out, F32, (m, n_out)), ref.linear(x, w, b, r))
 
 
-# The tensor-core GEMM carries each fp32 input as two bf16 terms (about 16 significant bits; measured 1e-6 to 4e-6):
-# its error must stay far below what inputs cast to bf16 alone would give (bf16 rounds at 2^-9, about 2e-3), which
-# the general bound would let pass.
+# The tensor-core kernels (the prefill GEMM and attention) carry each fp32 input as two bf16 terms (about 16
+# significant bits; measured 1e-6 to 4e-6): their error must stay far below what inputs cast to bf16 alone would give
+# (bf16 rounds at 2^-9, about 2e-3), which the general bound would let pass.
 MMA_TOL = 1e-4
 
 
@@ -714,7 +711,7 @@ def test_grouped_prefill_attention_on_the_tensor_cores(
     device_pos: bool,
 ) -> None:
     """attention_prefill_hd* (a block per kv head and group of tokens, every query of the group at once, products on
-    the tensor cores with the queries and weights split into bf16 hi and lo terms) stays within PREFILL_MMA_TOL of
+    the tensor cores with the queries and weights split into bf16 hi and lo terms) stays within MMA_TOL of
     float64, and a query's bits depend on its own row alone: the same with one token a block and with the position
     read from the host or from device memory."""
     ctx = 1024
@@ -750,7 +747,7 @@ def test_grouped_prefill_attention_on_the_tensor_cores(
     expected = ref.attention(q, k_cache, v_cache, pos0)
     name = f"attention_prefill/hd={hd},t={t},pos0={pos0}"
     check(name, got, expected)
-    assert ref.rel_err(got, expected) <= PREFILL_MMA_TOL, name
+    assert ref.rel_err(got, expected) <= MMA_TOL, name
 
 
 def _decode_attention_args(
