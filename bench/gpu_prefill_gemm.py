@@ -1,7 +1,9 @@
 """Prefill GEMMs alone: the tensor-core kernels on the Qwen3-1.7B shape's four projections (qkv, o, gate|up, down),
-for a 36-token request suffix and a 512-token prompt chunk, with the grid and shared memory the model gives them;
-where gemm_mma16_ring_bf16 applies (docs/cuda-speed-notes.md #140: two batches of weights in flight a warp), it
-beside gemm_mma16_bf16, their outputs compared word for word.
+for request suffixes of 16 to 128 tokens and a 512-token prompt chunk, with the grid and shared memory the model
+gives them; beside gemm_mma16_bf16 (gemm_mma8_bf16 for the down rows), gemm_mma16_ring_bf16 where it applies
+(docs/cuda-speed-notes.md #140: two batches of weights in flight a warp) and the cluster GEMM
+(cuda/gemm_cluster.cuh, #141: each weight read once by a cluster of four blocks), their outputs compared word for
+word.
 
 Each case fills random bf16 weights and fp32 inputs and times repeated launches of one shape on one stream (wall
 time over the launches, after one warm-up). On a GPU machine:
@@ -9,7 +11,7 @@ time over the launches, after one warm-up). On a GPU machine:
     PYTHONPATH=. python3 bench/gpu_prefill_gemm.py [--out FILE]
 
 Prints one JSON object a case: µs a launch and the weight bytes over that time for each kernel, and whether the
-ring kernel's outputs matched; exits 1 if any differ.
+other kernels' outputs matched the first's; exits 1 if any differ.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ sys.path.insert(0, str(REPO))
 from bench.kernel_bench import Row, kernel_bench_main, launch_us  # noqa: E402
 from decoder_service.engines.cuda.driver import Stream, multiprocessor_count  # noqa: E402
 from decoder_service.engines.cuda.forward import gemm_mma_grid, gemm_mma_kernel  # noqa: E402
+from decoder_service.engines.cuda.gemm_cluster import cluster_grid, cluster_plan  # noqa: E402
 from decoder_service.engines.cuda.module import Launch, Module  # noqa: E402
 from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random  # noqa: E402
 
 # (name, output rows, input width): Qwen3-1.7B's projections
 SHAPES = (("qkv", 4096, 2048), ("o", 2048, 2048), ("gate_up", 12288, 2048), ("down", 2048, 6144))
-CASES = ((36, 20), (512, 5))  # (tokens, timed launches)
+CASES = ((16, 20), (36, 20), (64, 20), (128, 10), (512, 5))  # (tokens, timed launches)
 THREADS = 256
 
 
@@ -46,18 +49,31 @@ def run_case(module: Module, stream: Stream, sms: int, shape: tuple[str, int, in
     forms = [plain] if ring == plain else [plain, ring]
     row: dict[str, object] = {"shape": name, "tokens": m}
     outputs = []
+    base = [("ptr", xb.ptr), ("ptr", wb.ptr), ("ptr", 0), ("ptr", 0)]
+    sizes = [("i32", m), ("i32", n_out), ("i32", k_in)]
+    launches = []
     for kernel, tokens, shared in forms:
         module.kernel(kernel).set_max_dynamic_shared(shared)
-        grid = gemm_mma_grid(m, n_out, tokens, sms)
         out = dev.poisoned(m * n_out)
-        args = [("ptr", xb.ptr), ("ptr", wb.ptr), ("ptr", 0), ("ptr", 0), ("ptr", out.ptr)]
-        args += [("i32", m), ("i32", n_out), ("i32", k_in)]
-        us = launch_us(stream, Launch(module.kernel(kernel), grid, (THREADS, 1, 1), args, shared), repeats)
+        grid = gemm_mma_grid(m, n_out, tokens, sms)
+        args = [*base, ("ptr", out.ptr), *sizes]
+        launches.append((kernel, out, Launch(module.kernel(kernel), grid, (THREADS, 1, 1), args, shared)))
+    plan = cluster_plan(m, k_in, max_tokens=m)
+    if plan is not None:
+        kernel = module.kernel(plan.kernel)
+        kernel.set_max_dynamic_shared(plan.shared)
+        most = kernel.max_active_clusters((1, 4, 1), (THREADS, 1, 1), plan.shared)
+        grid = cluster_grid(m, n_out, plan.tokens, most)
+        out = dev.poisoned(m * n_out)
+        args = [*base, ("ptr", out.ptr), *sizes, ("i32", plan.depth)]
+        launches.append((plan.kernel, out, Launch(kernel, grid, (THREADS, 1, 1), args, plan.shared)))
+    for kernel, out, launch in launches:
+        us = launch_us(stream, launch, repeats)
         tb_s = round(n_out * k_in * 2 / (us * 1e-6) / 1e12, 2)
-        row[kernel] = {"us": us, "weight_tb_s": tb_s, "grid": list(grid)}
+        row[kernel] = {"us": us, "weight_tb_s": tb_s, "grid": list(launch.grid)}
         outputs.append(dev.get(out, np.float32, m * n_out).view(np.uint32))
-    if len(outputs) == 2:
-        row["same_bits"] = bool(np.array_equal(outputs[0], outputs[1]))
+    if len(outputs) > 1:
+        row["same_bits"] = all(np.array_equal(outputs[0], o) for o in outputs[1:])
     dev.free()
     return row
 

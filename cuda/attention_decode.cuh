@@ -735,20 +735,6 @@ __device__ __forceinline__ void attn_count_and_merge(float* __restrict__ partial
                                                            expected, d, sh, table, mark);
 }
 
-// This block's rank in its cluster.
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-
-// The generic address of `p`'s counterpart in the shared memory of block `rank` of this cluster.
-__device__ __forceinline__ float* cluster_map(float* p, unsigned rank) {
-    uint64_t q;
-    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(q) : "l"(p), "r"(rank));
-    return reinterpret_cast<float*>(q);
-}
-
 __device__ __forceinline__ float* AttnRecords::at(int h, int c, const AttnDims& d) const {
     return cluster ? cluster_map(records + c * ATTN_RECORD_FLOATS, 0)
                    : partial + ((size_t)h * d.max_chunks + c) * (d.head_dim + 2);
@@ -844,10 +830,10 @@ __device__ __forceinline__ void attention_decode_body(const float* __restrict__ 
         }
         TT_MARK(mark + 9);
         // The barrier that ends a record orders every thread's writes before its arrival's release.
-        asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+        cluster_arrive();
         TT_MARK(mark + 10);
         if (cluster_rank() != 0) return;
-        asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+        cluster_wait();
         TT_MARK(mark + 11);
         attn_merge_local(records, ATTN_RECORD_FLOATS, out, h, n_chunks, head_dim);
         TT_MARK(mark + 12);

@@ -31,6 +31,28 @@ __device__ __forceinline__ void pdl_enter() {
     pdl_wait();
 }
 
+// This block's rank in its cluster.
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+// The generic address of `p`'s counterpart in the shared memory of block `rank` of this cluster.
+__device__ __forceinline__ float* cluster_map(float* p, unsigned rank) {
+    uint64_t q;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(q) : "l"(p), "r"(rank));
+    return reinterpret_cast<float*>(q);
+}
+
+// A cluster-wide barrier in two halves: arrive (release: this thread's earlier memory accesses, shared memory of
+// other blocks included, are ordered before what others do after their wait) and wait (acquire). Every thread of
+// the cluster's blocks takes both, alternately.
+__device__ __forceinline__ void cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+
 // Timing probes for diagnosis, compiled only with -DTT_TRACE (bench/gpu_trace_attention.py builds such a cubin;
 // the product's cubin has none): TT_MARK(slot) stores the global nanosecond timer and the SM clock of thread 0.
 #ifdef TT_TRACE

@@ -137,9 +137,11 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint3
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Stages tokens t0 .. t0 + T - 1 of A (zeros past M) as hi rows at As and lo rows at As + T * ld, then synchronises.
+// Stages columns 0 .. K - 1 of tokens t0 .. t0 + T - 1 of A (rows a_ld floats apart; zeros past M) as hi rows at As
+// and lo rows at As + T * ld, then synchronises.
 template <int T>
-__device__ __forceinline__ void gemm_mma_stage(bf16_t* As, const float* __restrict__ A, int t0, int M, int K, int ld) {
+__device__ __forceinline__ void gemm_mma_stage(bf16_t* As, const float* __restrict__ A, int t0, int M, int K,
+                                               int a_ld, int ld) {
     const int c8 = K / 8, n = T * c8;
     for (int base = threadIdx.x; base < n; base += 4 * blockDim.x) {
         float4 v[4][2];
@@ -147,7 +149,7 @@ __device__ __forceinline__ void gemm_mma_stage(bf16_t* As, const float* __restri
         for (int i = 0; i < 4; ++i) {  // every load of the round before any use
             const int e = base + i * blockDim.x, r = e / c8, c = e % c8;
             const bool live = e < n && t0 + r < M;
-            const float4* src = reinterpret_cast<const float4*>(A + (size_t)(t0 + r) * K + c * 8);
+            const float4* src = reinterpret_cast<const float4*>(A + (size_t)(t0 + r) * a_ld + c * 8);
             v[i][0] = live ? src[0] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             v[i][1] = live ? src[1] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
@@ -224,7 +226,7 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
         load(2, next);
     }
     pdl_enter();
-    gemm_mma_stage<T>(As, A, t0, M, K, ld);
+    gemm_mma_stage<T>(As, A, t0, M, K, K, ld);
     const bf16_t* hi_g = As + (size_t)gid * ld + tig * 8;  // this lane's A rows: gid (and gid + 8), hi then lo
     const bf16_t* lo_g = As + (size_t)(T + gid) * ld + tig * 8;
     float acc[GMMA_TILES][4] = {};

@@ -5,6 +5,7 @@
 #include "gemv.cuh"
 #include "gemv_stream.cuh"
 #include "gemm.cuh"
+#include "gemm_cluster.cuh"
 #include "rope.cuh"
 #include "attention.cuh"
 #include "attention_decode.cuh"

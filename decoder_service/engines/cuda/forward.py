@@ -16,6 +16,13 @@ import numpy as np
 
 from decoder_service.engines.base import CHAIN_TOKENS
 from decoder_service.engines.cuda.driver import Stream, multiprocessor_count, shared_memory_per_multiprocessor
+from decoder_service.engines.cuda.gemm_cluster import (
+    CLUSTER_BLOCKS,
+    CLUSTER_TILES,
+    cluster_grid,
+    cluster_max_tokens,
+    cluster_plan,
+)
 from decoder_service.engines.cuda.memory import DeviceBuffer
 from decoder_service.engines.cuda.module import Launch, Module
 from decoder_service.engines.cuda.persistent import ATTN_MERGE_SPLIT, PersistentDecode, decode_kernel_choice
@@ -498,6 +505,11 @@ class CudaModel:
         for name, shared in mma_shared.items():
             if shared > DEFAULT_SHARED_LIMIT:
                 module.kernel(name).set_max_dynamic_shared(shared)
+        # Request suffixes: the cluster GEMM (each weight read once; gemm_mma16_bf16's bits), its shape per launch.
+        self.gemm_cluster_tokens = cluster_max_tokens()
+        for tiles in CLUSTER_TILES:
+            module.kernel(f"gemm_mma_cluster{tiles}_bf16").set_max_dynamic_shared(MAX_SHARED_PER_BLOCK)
+        self._max_clusters: dict[tuple[str, int], int] = {}
         # The decode step: one launch list of kernels per layer, or every layer in one persistent kernel; both give
         # the same bits.
         self.decode_kernel = decode_kernel_choice(config, self.max_chunks, decode_kernel)
@@ -942,8 +954,9 @@ class CudaModel:
         )
 
     def _gemm(self, w: int, x: int, bias: int, residual: int, y: int, m: int, n_out: int, k_in: int) -> Launch:
-        """y[m, n_out] = x[m, k_in] @ W.T (+ bias) (+ residual) for prefill: on the tensor cores (16 or 8 tokens a
-        block, as many blocks as SMs), or with the tiled fp32 GEMM for inputs they do not take."""
+        """y[m, n_out] = x[m, k_in] @ W.T (+ bias) (+ residual) for prefill: on the tensor cores (a request suffix
+        by clusters that read each weight once, longer runs 16 or 8 tokens a block, as many blocks as SMs; the same
+        bits), or with the tiled fp32 GEMM for inputs they do not take."""
         args: list[tuple[str, int | float]] = [
             ("ptr", x),
             ("ptr", w),
@@ -954,6 +967,15 @@ class CudaModel:
             ("i32", n_out),
             ("i32", k_in),
         ]
+        plan = cluster_plan(m, k_in, self.gemm_cluster_tokens)
+        if plan is not None:
+            kernel = self.module.kernel(plan.kernel)
+            key = (plan.kernel, plan.shared)
+            if key not in self._max_clusters:
+                probe = (1, CLUSTER_BLOCKS, 1)
+                self._max_clusters[key] = kernel.max_active_clusters(probe, (THREADS, 1, 1), plan.shared)
+            grid = cluster_grid(m, n_out, plan.tokens, self._max_clusters[key])
+            return Launch(kernel, grid, (THREADS, 1, 1), [*args, ("i32", plan.depth)], shared_bytes=plan.shared)
         name, tokens, shared = gemm_mma_kernel(k_in, self.gemm_ring)
         if name:
             grid = gemm_mma_grid(m, n_out, tokens, self.sms)

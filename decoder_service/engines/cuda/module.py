@@ -29,6 +29,16 @@ class Kernel:
         attr = driver.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         call("cuFuncSetAttribute", self.handle, attr, int(nbytes))
 
+    def max_active_clusters(self, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int) -> int:
+        """How many of this kernel's clusters (its compile-time cluster shape) the GPU holds at once with ``block``
+        threads and ``shared`` bytes of dynamic shared memory a block (``grid``: whole clusters)."""
+        config = driver.cu.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = block
+        config.sharedMemBytes = shared
+        config.numAttrs = 0
+        return int(call("cuOccupancyMaxActiveClusters", self.handle, config))
+
     def prefer_max_shared(self) -> None:
         """Ask for the SM configuration with the most shared memory (and the least L1) whenever this kernel runs,
         so that blocks of consecutive kernels that each hold a large shared-memory ring fit on one SM together

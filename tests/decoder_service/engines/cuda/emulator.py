@@ -22,6 +22,7 @@ from decoder_service.engines.cuda.forward import (
     SHORT_ATTENTION_POSITIONS,
     prefill_attention_shared,
 )
+from decoder_service.engines.cuda.gemm_cluster import cluster_shared
 from decoder_service.engines.cuda.persistent import LAYER_FIELDS, LAYER_FORMAT, PLAN_FIELDS, PLAN_FORMAT
 from decoder_service.models.bf16 import bf16_bits_to_float32, float32_to_bf16_bits
 from tests.decoder_service.engines.cuda import reference as ref
@@ -267,6 +268,9 @@ class FakeDriver:
 
     class CUlaunchConfig:
         pass
+
+    def cuOccupancyMaxActiveClusters(self, f: str, config: Any) -> tuple:
+        return (_Ok.CUDA_SUCCESS, self.sm_count // 4)  # clusters of 4 blocks, one an SM
 
     def cuLaunchKernelEx(self, config: Any, f: str, params: int, extra: int) -> tuple:
         attrs = {a.id: a.value for a in config.attrs}
@@ -544,6 +548,26 @@ class FakeDriver:
 
     def k_gemm_mma8_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         self._gemm_mma(a, grid, block, shared, 8)
+
+    def _gemm_mma_cluster(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int, tiles: int) -> None:
+        """The cluster prefill GEMM (cuda/gemm_cluster.cuh): 16 * ``tiles`` tokens a cluster of four blocks."""
+        assert block == (256, 1, 1), "a cluster GEMM block is eight warps"
+        assert a.K % 32 == 0, "the cluster GEMM walks K in steps of 32"
+        assert grid[1] % 4 == 0, f"{grid[1]} blocks are not whole clusters of 4"
+        assert grid[0] * 16 * tiles >= a.M, "cluster GEMM token groups do not cover the tokens"
+        assert 2 <= a.depth <= 8, f"ring depth {a.depth}: the kernel waits for 2 to 8"
+        need = cluster_shared(tiles, a.K, a.depth)
+        assert shared >= need, "the staged quarter, the partials and the ring need more room"
+        self._linear(a, a.M, self.view(a.A, np.float32, a.M * a.K).reshape(a.M, a.K), a.C)
+
+    def k_gemm_mma_cluster1_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        self._gemm_mma_cluster(a, grid, block, shared, 1)
+
+    def k_gemm_mma_cluster2_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        self._gemm_mma_cluster(a, grid, block, shared, 2)
+
+    def k_gemm_mma_cluster3_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        self._gemm_mma_cluster(a, grid, block, shared, 3)
 
     def k_rope_table(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         assert block[0] >= a.head_dim // 2, "rope_table takes a thread per frequency"

@@ -15,6 +15,7 @@ from tests.decoder_service.engines.cuda.hf_models import SHAPES, build_fp8_refer
 
 if TYPE_CHECKING:  # imported at run time only once the fake driver is in place
     from decoder_service.engines.cuda.forward import CudaModel
+    from decoder_service.models.config import ModelConfig
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -41,6 +42,11 @@ def tiny_qwen3_model(decode_kernel: str = "layers") -> CudaModel:
     )
 
 
+def prompt_of(cfg: ModelConfig, n: int) -> list[int]:
+    """A prompt of n token ids spread over the vocabulary."""
+    return [(3 * i * i + 11 * i + 5) % cfg.vocab_size for i in range(n)]
+
+
 @pytest.mark.parametrize("decode_kernel", ["layers", "persistent"])
 @pytest.mark.parametrize("shape", ["tiny-qwen3", "tiny-qwen2-hd128-untied", "tiny-llama-untied"])
 def test_emulated_model_matches_transformers(fake_driver: FakeDriver, shape: str, decode_kernel: str) -> None:
@@ -51,7 +57,7 @@ def test_emulated_model_matches_transformers(fake_driver: FakeDriver, shape: str
     attention = decode_attention_kernel(cfg.head_dim)  # head_dim 64 and 128 take the kernels compiled for them
     hf_model, weights = build_reference(cfg, seed=7)
     model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=8, decode_kernel=decode_kernel)
-    prompt = [(3 * i * i + 11 * i + 5) % cfg.vocab_size for i in range(13)]
+    prompt = prompt_of(cfg, 13)
     report = compare_greedy(model, hf_model, prompt, new_tokens=4)
     assert report["rel_err"] <= 1e-4, report
     assert report["token_mismatches"] == 0, report
@@ -141,11 +147,35 @@ def test_gemm_ring_takes_the_ring_kernel_where_its_slots_fit(
     cfg = SHAPES["tiny-qwen3"]
     hf_model, weights = build_reference(cfg, seed=7)
     model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=32)
-    report = compare_greedy(model, hf_model, [(5 * i + 3) % cfg.vocab_size for i in range(20)], new_tokens=2)
+    report = compare_greedy(model, hf_model, prompt_of(cfg, 13), new_tokens=2)
     assert report["rel_err"] <= 1e-4, report
     assert report["token_mismatches"] == 0, report
     assert fake_driver.launches.count("gemm_mma16_ring_bf16") == 4 * cfg.num_layers
     assert fake_driver.launches.count("gemm_mma16_bf16") == 0
+
+
+def test_gemm_cluster_takes_prefills_up_to_its_token_limit(
+    fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With $TOOLTRIE_GEMM_CLUSTER_TOKENS=16 a prefill of at most 16 tokens takes the cluster GEMMs (the emulator
+    checks their grid of whole clusters, ring depth and shared memory), the same answers; longer ones keep
+    gemm_mma16_bf16."""
+    from decoder_service.engines.cuda.forward import CudaModel
+    from decoder_service.engines.cuda.gemm_cluster import CLUSTER_TOKENS_ENV
+    from decoder_service.engines.cuda.module import Module
+
+    monkeypatch.setenv(CLUSTER_TOKENS_ENV, "16")
+    cfg = SHAPES["tiny-qwen3"]
+    hf_model, weights = build_reference(cfg, seed=7)
+    model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=32)
+    report = compare_greedy(model, hf_model, prompt_of(cfg, 13), new_tokens=2)
+    assert report["rel_err"] <= 1e-4, report
+    assert report["token_mismatches"] == 0, report
+    assert fake_driver.launches.count("gemm_mma_cluster1_bf16") == 4 * cfg.num_layers  # the 13-token prompt
+    assert fake_driver.launches.count("gemm_mma16_bf16") == 0
+    model.reset()
+    model.prefill([7] * 20)
+    assert fake_driver.launches.count("gemm_mma16_bf16") == 4 * cfg.num_layers
 
 
 def test_inputs_the_tensor_cores_do_not_take_use_the_tiled_gemm(fake_driver: FakeDriver) -> None:

@@ -18,6 +18,8 @@ from decoder_service.engines.cuda.forward import (
     ATTN_THREADS,
     GSTREAM_THREADS,
     SHORT_ATTENTION_POSITIONS,
+    gemm_mma_shared,
+    gemm_mma_tokens,
     gemv_groups,
     gemv_stream_shared,
     gstream_slot_bytes,
@@ -593,6 +595,50 @@ def test_gemm_mma(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_i
             same = np.array_equal(run(ring, row_blocks, ring_shared), outs[0])
             record("kernel", f"gemm_mma16_ring/bit-identical/{m}x{n_out}x{k_in}/rows{row_blocks}", exact=same)
             assert same
+
+
+@pytest.mark.parametrize(
+    ("m", "n_out", "k_in"),
+    [(1, 130, 224), (13, 2048, 576), (37, 520, 6144), (48, 4096, 2048), (70, 200, 2048), (16, 33, 64), (20, 300, 3072)],
+)
+def test_gemm_mma_cluster(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_in: int) -> None:
+    """The cluster prefill GEMM gives gemm_mma16_bf16's (or gemm_mma8_bf16's) bits: every token-tile count that
+    fits, with as many clusters as fit the GPU, with one, and with three (several rounds of units a warp); K = 64
+    leaves two of the four K-quarters without steps."""
+    from decoder_service.engines.cuda.gemm_cluster import CLUSTER_TILES, cluster_grid, cluster_plan_tiles
+
+    tokens = gemm_mma_tokens(k_in)
+    kernel, shared = f"gemm_mma{tokens}_bf16", gemm_mma_shared(tokens, k_in)
+    dev.module.kernel(kernel).set_max_dynamic_shared(shared)
+    wbits, _ = bf16_random(rng, (n_out, k_in), 0.05)
+    bbits, _ = bf16_random(rng, n_out, 0.5)
+    x = rng.standard_normal((m, k_in)).astype(F32)
+    r = rng.standard_normal((m, n_out)).astype(F32)
+    wb, xb, bb, rb = dev.put(wbits), dev.put(x), dev.put(bbits), dev.put(r)
+    out = dev.poisoned(m * n_out)
+    dev.launch(
+        kernel,
+        (-(-m // tokens), -(-n_out // 64), 1),
+        (256, 1, 1),
+        _gemm_args(xb, wb, bb, rb, out, m, n_out, k_in),
+        shared,
+    )
+    want = dev.get(out, F32, (m, n_out))
+    ran = 0
+    for plan in filter(None, (cluster_plan_tiles(t, k_in) for t in CLUSTER_TILES)):
+        cluster = dev.module.kernel(plan.kernel)
+        cluster.set_max_dynamic_shared(plan.shared)
+        most = cluster.max_active_clusters((1, 4, 1), (256, 1, 1), plan.shared)
+        for clusters in sorted({most, 1, 3}):
+            grid = cluster_grid(m, n_out, plan.tokens, clusters * -(-m // plan.tokens))
+            out = dev.poisoned(m * n_out)
+            args = [*_gemm_args(xb, wb, bb, rb, out, m, n_out, k_in), ("i32", plan.depth)]
+            dev.launch(plan.kernel, grid, (256, 1, 1), args, plan.shared)
+            same = np.array_equal(dev.get(out, F32, (m, n_out)).view(np.uint32), want.view(np.uint32))
+            record("kernel", f"{plan.kernel}/bit-identical/{m}x{n_out}x{k_in}/clusters{grid[1] // 4}", exact=same)
+            assert same, f"{plan.kernel} with {grid[1] // 4} clusters differs from {kernel}"
+            ran += 1
+    assert ran >= 3
 
 
 def rope_table(dev: Device, positions: int, hd: int, theta: float) -> DeviceBuffer:
