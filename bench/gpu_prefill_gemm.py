@@ -1,8 +1,7 @@
 """Prefill GEMMs alone: the tensor-core kernels on the Qwen3-1.7B shape's four projections (qkv, o, gate|up, down),
 for request suffixes of 16 to 128 tokens and a 512-token prompt chunk, with the grid and shared memory the model
-gives them; beside gemm_mma16_bf16 (gemm_mma8_bf16 for the down rows), gemm_mma16_ring_bf16 where it applies
-(docs/cuda-speed-notes.md #140: two batches of weights in flight a warp) and the cluster GEMM
-(cuda/gemm_cluster.cuh, #141: each weight read once by a cluster of four blocks), their outputs compared word for
+gives them: gemm_mma16_bf16 (gemm_mma8_bf16 for the down rows) beside the cluster GEMM (cuda/gemm_cluster.cuh,
+docs/cuda-speed-notes.md #141: each weight read once by a cluster of four blocks), their outputs compared word for
 word.
 
 Each case fills random bf16 weights and fp32 inputs and times repeated launches of one shape on one stream (wall
@@ -45,28 +44,25 @@ def run_case(module: Module, stream: Stream, sms: int, shape: tuple[str, int, in
     w_bits = bf16_random(rng, (n_out, k_in), 0.05)[0]
     x = rng.standard_normal((m, k_in)).astype(np.float32)
     wb, xb = dev.put(w_bits), dev.put(x)
-    plain, ring = gemm_mma_kernel(k_in), gemm_mma_kernel(k_in, ring=True)
-    forms = [plain] if ring == plain else [plain, ring]
     row: dict[str, object] = {"shape": name, "tokens": m}
     outputs = []
     base = [("ptr", xb.ptr), ("ptr", wb.ptr), ("ptr", 0), ("ptr", 0)]
     sizes = [("i32", m), ("i32", n_out), ("i32", k_in)]
-    launches = []
-    for kernel, tokens, shared in forms:
-        module.kernel(kernel).set_max_dynamic_shared(shared)
-        out = dev.poisoned(m * n_out)
-        grid = gemm_mma_grid(m, n_out, tokens, sms)
-        args = [*base, ("ptr", out.ptr), *sizes]
-        launches.append((kernel, out, Launch(module.kernel(kernel), grid, (THREADS, 1, 1), args, shared)))
+    kernel, tokens, shared = gemm_mma_kernel(k_in)
+    module.kernel(kernel).set_max_dynamic_shared(shared)
+    out = dev.poisoned(m * n_out)
+    args = [*base, ("ptr", out.ptr), *sizes]
+    grid = gemm_mma_grid(m, n_out, tokens, sms)
+    launches = [(kernel, out, Launch(module.kernel(kernel), grid, (THREADS, 1, 1), args, shared))]
     plan = cluster_plan(m, k_in, max_tokens=m)
     if plan is not None:
-        kernel = module.kernel(plan.kernel)
-        kernel.set_max_dynamic_shared(plan.shared)
-        most = kernel.max_active_clusters((1, 4, 1), (THREADS, 1, 1), plan.shared)
+        cluster = module.kernel(plan.kernel)
+        cluster.set_max_dynamic_shared(plan.shared)
+        most = cluster.max_active_clusters((1, 4, 1), (THREADS, 1, 1), plan.shared)
         grid = cluster_grid(m, n_out, plan.tokens, most)
         out = dev.poisoned(m * n_out)
         args = [*base, ("ptr", out.ptr), *sizes, ("i32", plan.depth)]
-        launches.append((plan.kernel, out, Launch(kernel, grid, (THREADS, 1, 1), args, plan.shared)))
+        launches.append((plan.kernel, out, Launch(cluster, grid, (THREADS, 1, 1), args, plan.shared)))
     for kernel, out, launch in launches:
         us = launch_us(stream, launch, repeats)
         tb_s = round(n_out * k_in * 2 / (us * 1e-6) / 1e12, 2)

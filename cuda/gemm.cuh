@@ -5,7 +5,6 @@
 // Every output is summed by one thread in ascending k, so results are deterministic. Any M, N, K (edges are
 // zero-filled).
 #pragma once
-#include "async_copy.cuh"
 #include "common.cuh"
 
 #define GEMM_BM 64
@@ -81,12 +80,8 @@ gemm_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_
 // k16 mmas: the mma's logical k = 2 tig + e and 8 + 2 tig + e (e = 0, 1) stand for columns 32 s + 8 tig + 4 h + e
 // and + 2 + e in the h-th of them. The same map holds for A's fragments, so every column is summed once. A group's
 // four K-quarters are then added in ascending order through shared memory.
-// Weights are requested GMMA_BATCH steps ahead, across row groups, the first batch before the wait. RING
-// (gemm_mma16_ring_bf16): odd batches go through a slot of the warp's own in shared memory (cp.async, each lane
-// copying and later reading only its own pieces), even ones through registers as before, so that while a warp
-// reduces an even batch the next two are on their way (one while it reduces an odd batch, whose slot is refilled
-// only once its values are in use); the same values in the same order: the same bits (docs/cuda-speed-notes.md
-// #140).
+// Weights are requested GMMA_BATCH steps ahead, across row groups, the first batch before the wait (a second
+// batch in flight through shared memory measured slower: docs/cuda-speed-notes.md #140).
 // Deterministic: an output element is a fixed sum of four chains of mmas in ascending steps, whatever the grid; and
 // an mma's row does not depend on the other rows of its tile, so a token's results do not depend on the tokens
 // beside it (prefill chunks give the same bits). Requires K % 32 == 0. Dynamic shared memory: gemm_mma_shared().
@@ -95,7 +90,6 @@ gemm_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_
 #define GMMA_KSPLIT 4        // warps that share a row half, each taking a quarter of K's steps
 #define GMMA_BATCH 4         // steps of weights a lane keeps in flight (GMMA_TILES loads of 16 bytes each)
 #define GMMA_RED_STRIDE 68   // floats per token row of the K-quarter partials (64 rows + 4: no bank conflicts)
-#define GMMA_RING_BYTES (8 * GMMA_BATCH * GMMA_TILES * TT_WARP * 16)  // RING: a batch slot for each of the 8 warps
 
 // Row stride of the staged tokens, in bf16: K rounded so that it is 32 more than a multiple of 64, which puts the
 // two rows that a quarter warp reads together in different halves of the banks.
@@ -166,7 +160,7 @@ __device__ __forceinline__ void gemm_mma_stage(bf16_t* As, const float* __restri
     __syncthreads();
 }
 
-template <int T, bool RING>
+template <int T>
 __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16_t* __restrict__ W,
                                          const bf16_t* __restrict__ bias, const float* residual, float* C, int M, int N,
                                          int K) {
@@ -200,38 +194,16 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
             }
         }
     };
-    // RING: this warp's slot, piece (j, r) of lane l at [(j * GMMA_TILES + r) * TT_WARP + l] (lanes side
-    // by side: no bank conflicts); batch i's pieces are copied there by the lanes that will read them. The same
-    // pieces as load's, walked by a loop of its own: one walker for both, taking a lambda, compiled the 8- and
-    // 16-token kernels to other machine code than the form measured.
-    uint4* slot = reinterpret_cast<uint4*>(red + 4 * T * GMMA_RED_STRIDE) + warp * GMMA_BATCH * GMMA_TILES * TT_WARP;
-    auto copy = [&](int i) {
-        const int b = i % batches, row0 = group_of(i) * GMMA_ROWS + half * (GMMA_ROWS / 2) + gid;
-#pragma unroll
-        for (int r = 0; r < GMMA_TILES; ++r) {
-            const uint4* wrow = reinterpret_cast<const uint4*>(W + (size_t)min(row0 + r * 8, N - 1) * K) + tig;
-#pragma unroll
-            for (int j = 0; j < GMMA_BATCH; ++j) {
-                const int jj = b * GMMA_BATCH + j;
-                if (i < total && jj < my_steps)  // pieces never read are not copied
-                    cp_async16(slot + (j * GMMA_TILES + r) * TT_WARP + lane, wrow + (first_step + jj) * 4);
-            }
-        }
-        cp_async_commit();
-    };
-    uint4 cur[GMMA_BATCH][GMMA_TILES], next[GMMA_BATCH][GMMA_TILES];
+    uint4 cur[GMMA_BATCH][GMMA_TILES];
     load(0, cur);  // weights only: no kernel writes them
-    if constexpr (RING) {
-        copy(1);
-        load(2, next);
-    }
     pdl_enter();
     gemm_mma_stage<T>(As, A, t0, M, K, K, ld);
     const bf16_t* hi_g = As + (size_t)gid * ld + tig * 8;  // this lane's A rows: gid (and gid + 8), hi then lo
     const bf16_t* lo_g = As + (size_t)(T + gid) * ld + tig * 8;
     float acc[GMMA_TILES][4] = {};
     for (int i = 0; i < total; ++i) {
-        if constexpr (!RING) load(i + 1, next);
+        uint4 next[GMMA_BATCH][GMMA_TILES];
+        load(i + 1, next);
         const int b = i % batches;
 #pragma unroll
         for (int j = 0; j < GMMA_BATCH; ++j) {
@@ -280,23 +252,10 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
             }
             __syncthreads();  // red is written again by the next group
         }
-        if (RING && i % 2 == 0) {  // batch i + 1 waits in the slot
-            cp_async_wait<0>();
 #pragma unroll
-            for (int j = 0; j < GMMA_BATCH; ++j)
+        for (int j = 0; j < GMMA_BATCH; ++j)
 #pragma unroll
-                for (int r = 0; r < GMMA_TILES; ++r) cur[j][r] = slot[(j * GMMA_TILES + r) * TT_WARP + lane];
-        } else {  // batch i + 1 waits in next
-            // RING: the slot's batch i went into this iteration's mmas, so its loads are done and batch i + 2 may
-            // take its place (a copy issued right after those loads, before any instruction used them, would have
-            // no order against them); batch i + 3 takes next's.
-            if constexpr (RING) copy(i + 2);
-#pragma unroll
-            for (int j = 0; j < GMMA_BATCH; ++j)
-#pragma unroll
-                for (int r = 0; r < GMMA_TILES; ++r) cur[j][r] = next[j][r];
-            if constexpr (RING) load(i + 3, next);
-        }
+            for (int r = 0; r < GMMA_TILES; ++r) cur[j][r] = next[j][r];
     }
 }
 
@@ -304,19 +263,11 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
 extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_mma16_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
                 const float* residual, float* C, int M, int N, int K) {
-    gemm_mma<16, false>(A, W, bias, residual, C, M, N, K);
-}
-
-// gemm_mma16_bf16 with up to two batches of weights in flight a warp (RING); its dynamic shared memory holds the
-// warps' slots after the partials (gemm_mma_shared with the ring). Opt-in (TOOLTRIE_GEMM_RING=1) until measured.
-extern "C" __global__ void __launch_bounds__(256, 1)
-gemm_mma16_ring_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
-                     const float* residual, float* C, int M, int N, int K) {
-    gemm_mma<16, true>(A, W, bias, residual, C, M, N, K);
+    gemm_mma<16>(A, W, bias, residual, C, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_mma8_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
                const float* residual, float* C, int M, int N, int K) {
-    gemm_mma<8, false>(A, W, bias, residual, C, M, N, K);
+    gemm_mma<8>(A, W, bias, residual, C, M, N, K);
 }

@@ -83,11 +83,6 @@ GEMM_TILE = 64  # GEMM_BM == GEMM_BN in cuda/gemm.cuh
 GEMM_MMA_ROWS = 64
 GEMM_MMA_TOKENS = (16, 8)
 GEMM_MMA_RED_STRIDE = 68
-# gemm_mma16_ring_bf16's weight slots in shared memory: 8 warps, a batch each of 4 steps x 4 tiles x 32 lanes x 16
-# bytes. $TOOLTRIE_GEMM_RING=1 takes that kernel (the same bits as gemm_mma16_bf16, up to two batches of weights in
-# flight a warp) wherever its slots fit; off by default until it is measured (docs/cuda-speed-notes.md #140).
-GEMM_MMA_RING_BYTES = 8 * 4 * 4 * 32 * 16
-GEMM_RING_ENV = "TOOLTRIE_GEMM_RING"
 ATTN_THREADS = 256
 ATTN_CHUNK = 32  # positions per partial of the decode attention (cuda/attention_decode.cuh)
 ATTN_SPLIT_BLOCKS = 24  # blocks per head of the decode attention; each takes every 24th chunk (three fit an SM)
@@ -126,21 +121,17 @@ GEMV_IN_PLAIN, GEMV_IN_RMSNORM = 0, 1  # input transforms of cuda/gemv.cuh
 PREFILL_LISTS_KEPT = 64
 
 
-def gemm_mma_shared(tokens: int, k_in: int, ring: bool = False) -> int:
+def gemm_mma_shared(tokens: int, k_in: int) -> int:
     """Dynamic shared memory of a tensor-core prefill GEMM block (cuda/gemm.cuh): its tokens' hi and lo bf16 rows,
-    each padded to gemm_mma_stride, then a row group's four K-quarter partials (GMMA_RED_STRIDE floats a token) and,
-    with ``ring``, the warps' weight slots."""
+    each padded to gemm_mma_stride, then a row group's four K-quarter partials (GMMA_RED_STRIDE floats a token)."""
     stride = k_in + (96 - k_in % 64) % 64
-    return 2 * tokens * stride * 2 + 4 * tokens * GEMM_MMA_RED_STRIDE * F32 + (GEMM_MMA_RING_BYTES if ring else 0)
+    return 2 * tokens * stride * 2 + 4 * tokens * GEMM_MMA_RED_STRIDE * F32
 
 
-def gemm_mma_kernel(k_in: int, ring: bool = False) -> tuple[str, int, int]:
-    """The tensor-core GEMM for inputs ``k_in`` wide: (kernel, tokens a block, dynamic shared memory), with the
-    weight ring (gemm_mma16_ring_bf16) where ``ring`` and its slots fit beside 16 tokens; ("", 0, 0) where none
-    applies (the tiled GEMM)."""
+def gemm_mma_kernel(k_in: int) -> tuple[str, int, int]:
+    """The tensor-core GEMM for inputs ``k_in`` wide: (kernel, tokens a block, dynamic shared memory); ("", 0, 0)
+    where none applies (the tiled GEMM)."""
     tokens = gemm_mma_tokens(k_in)
-    if tokens == 16 and ring and gemm_mma_shared(16, k_in, ring=True) <= MAX_SHARED_PER_BLOCK:
-        return "gemm_mma16_ring_bf16", 16, gemm_mma_shared(16, k_in, ring=True)
     return (f"gemm_mma{tokens}_bf16", tokens, gemm_mma_shared(tokens, k_in)) if tokens else ("", 0, 0)
 
 
@@ -496,10 +487,9 @@ class CudaModel:
         ):  # not the compiled _hd forms: no faster with it (docs/cuda-speed-notes.md #82)
             module.kernel(name).prefer_max_shared()
         self.sms = sms
-        self.gemm_ring = env_int(GEMM_RING_ENV, 0, 0, 1) == 1
         mma_shared: dict[str, int] = {}  # each tensor-core GEMM kernel's most shared memory over the model's widths
         for k in (c.hidden_size, self.q_width, c.intermediate_size):
-            name, _, shared = gemm_mma_kernel(k, self.gemm_ring)
+            name, _, shared = gemm_mma_kernel(k)
             if name:
                 mma_shared[name] = max(mma_shared.get(name, 0), shared)
         for name, shared in mma_shared.items():
@@ -976,7 +966,7 @@ class CudaModel:
                 self._max_clusters[key] = kernel.max_active_clusters(probe, (THREADS, 1, 1), plan.shared)
             grid = cluster_grid(m, n_out, plan.tokens, self._max_clusters[key])
             return Launch(kernel, grid, (THREADS, 1, 1), [*args, ("i32", plan.depth)], shared_bytes=plan.shared)
-        name, tokens, shared = gemm_mma_kernel(k_in, self.gemm_ring)
+        name, tokens, shared = gemm_mma_kernel(k_in)
         if name:
             grid = gemm_mma_grid(m, n_out, tokens, self.sms)
             return Launch(self.module.kernel(name), grid, (THREADS, 1, 1), args, shared_bytes=shared)

@@ -18,7 +18,6 @@ from decoder_service.engines.cuda.forward import (
     ATTN_CHUNK,
     ATTN_CLUSTER,
     ATTN_PREFILL_QUERIES,
-    GEMM_MMA_RING_BYTES,
     SHORT_ATTENTION_POSITIONS,
     prefill_attention_shared,
 )
@@ -528,23 +527,19 @@ class FakeDriver:
         assert grid[0] * 64 >= a.N and grid[1] * 64 >= a.M, "GEMM grid does not cover the output"
         self._linear(a, a.M, self.view(a.A, np.float32, a.M * a.K).reshape(a.M, a.K), a.C)
 
-    def _gemm_mma(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int, tokens: int, ring: int = 0) -> None:
-        """A tensor-core prefill GEMM launch (cuda/gemm.cuh): ``tokens`` a block, row groups of 64; ``ring``: the
-        bytes of the warps' weight slots that follow the partials."""
+    def _gemm_mma(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int, tokens: int) -> None:
+        """A tensor-core prefill GEMM launch (cuda/gemm.cuh): ``tokens`` a block, row groups of 64."""
         assert block == (256, 1, 1), "a tensor-core GEMM block is eight warps"
         assert a.K % 32 == 0, "the tensor-core GEMM walks K in steps of 32"
         assert grid[0] * tokens >= a.M, "tensor-core GEMM token groups do not cover the tokens"
         assert 1 <= grid[1] <= -(-a.N // 64), "tensor-core GEMM needs between 1 and one block per row group"
         stride = a.K + (96 - a.K % 64) % 64
-        need = 2 * tokens * stride * 2 + 4 * tokens * 68 * 4 + ring
-        assert shared >= need, "the staged tokens' rows, the K-quarter partials and any weight slots need more room"
+        need = 2 * tokens * stride * 2 + 4 * tokens * 68 * 4
+        assert shared >= need, "the staged tokens' rows and the K-quarter partials need more room"
         self._linear(a, a.M, self.view(a.A, np.float32, a.M * a.K).reshape(a.M, a.K), a.C)
 
     def k_gemm_mma16_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         self._gemm_mma(a, grid, block, shared, 16)
-
-    def k_gemm_mma16_ring_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
-        self._gemm_mma(a, grid, block, shared, 16, ring=GEMM_MMA_RING_BYTES)
 
     def k_gemm_mma8_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         self._gemm_mma(a, grid, block, shared, 8)

@@ -130,30 +130,6 @@ def test_long_prefill_runs_on_the_tensor_cores(fake_driver: FakeDriver) -> None:
     assert fake_driver.launches.count("gemm_bf16") == 0
 
 
-def test_gemm_ring_takes_the_ring_kernel_where_its_slots_fit(
-    fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With $TOOLTRIE_GEMM_RING=1 the 16-token GEMMs take gemm_mma16_ring_bf16 (the emulator checks its slots'
-    shared memory), the same answers; inputs whose 16 rows leave no room for the slots keep gemm_mma16_bf16."""
-    from decoder_service.engines.cuda.forward import GEMM_RING_ENV, CudaModel, gemm_mma_kernel
-    from decoder_service.engines.cuda.module import Module
-
-    assert gemm_mma_kernel(2048, ring=True)[:2] == ("gemm_mma16_ring_bf16", 16)
-    assert gemm_mma_kernel(3072, ring=True)[:2] == ("gemm_mma16_bf16", 16)  # 216 KB of rows: no room beside them
-    assert gemm_mma_kernel(6144, ring=True)[:2] == ("gemm_mma8_bf16", 8)
-    assert gemm_mma_kernel(2048)[:2] == ("gemm_mma16_bf16", 16)
-    assert gemm_mma_kernel(200, ring=True) == ("", 0, 0)
-    monkeypatch.setenv(GEMM_RING_ENV, "1")
-    cfg = SHAPES["tiny-qwen3"]
-    hf_model, weights = build_reference(cfg, seed=7)
-    model = CudaModel(cfg, weights, Module(b"cubin"), max_context=64, max_prefill=32)
-    report = compare_greedy(model, hf_model, prompt_of(cfg, 13), new_tokens=2)
-    assert report["rel_err"] <= 1e-4, report
-    assert report["token_mismatches"] == 0, report
-    assert fake_driver.launches.count("gemm_mma16_ring_bf16") == 4 * cfg.num_layers
-    assert fake_driver.launches.count("gemm_mma16_bf16") == 0
-
-
 def test_gemm_cluster_takes_prefills_up_to_its_token_limit(
     fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:

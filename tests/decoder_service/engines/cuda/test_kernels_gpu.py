@@ -548,9 +548,7 @@ MMA_TOL = 1e-4
 )
 def test_gemm_mma(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_in: int) -> None:
     """The tensor-core prefill GEMM against float64; any grid gives the same bits, and so does a token run alone
-    (its results do not depend on the tokens staged beside it), and so does gemm_mma16_ring_bf16 where its weight
-    slots fit beside 16 tokens' rows (K = 3,072: not), at both grids."""
-    from decoder_service.engines.cuda.forward import gemm_mma_kernel, gemm_mma_shared, gemm_mma_tokens
+    (its results do not depend on the tokens staged beside it)."""
 
     tokens = gemm_mma_tokens(k_in)
     kernel, shared = f"gemm_mma{tokens}_bf16", gemm_mma_shared(tokens, k_in)
@@ -563,13 +561,13 @@ def test_gemm_mma(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_i
     wb, xb, bb, rb = dev.put(wbits), dev.put(x), dev.put(bbits), dev.put(r)
     groups = -(-n_out // 64)
 
-    def run(name: str, row_blocks: int, room: int) -> np.ndarray:
+    def run(row_blocks: int) -> np.ndarray:
         out = dev.poisoned(m * n_out)
         args = _gemm_args(xb, wb, bb, rb, out, m, n_out, k_in)
-        dev.launch(name, (-(-m // tokens), row_blocks, 1), (256, 1, 1), args, room)
+        dev.launch(kernel, (-(-m // tokens), row_blocks, 1), (256, 1, 1), args, shared)
         return dev.get(out, F32, (m, n_out))
 
-    outs = [run(kernel, row_blocks, shared) for row_blocks in (groups, max(1, groups // 3))]
+    outs = [run(row_blocks) for row_blocks in (groups, max(1, groups // 3))]
     expected = ref.linear(x, w, b, r)
     check(f"gemm_mma{tokens}/{m}x{n_out}x{k_in}", outs[0], expected)
     err = float(np.linalg.norm(outs[0] - expected) / np.linalg.norm(expected))
@@ -587,14 +585,6 @@ def test_gemm_mma(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_i
     same = np.array_equal(dev.get(alone, F32, n_out), outs[0][t])
     record("kernel", f"gemm_mma{tokens}/token-alone-bit-identical/{m}x{n_out}x{k_in}", exact=same)
     assert same
-    ring, _, ring_shared = gemm_mma_kernel(k_in, ring=True)
-    assert (ring == "gemm_mma16_ring_bf16") == (tokens == 16 and k_in <= 2048)
-    if ring != kernel:
-        dev.module.kernel(ring).set_max_dynamic_shared(ring_shared)
-        for row_blocks in (groups, max(1, groups // 3)):
-            same = np.array_equal(run(ring, row_blocks, ring_shared), outs[0])
-            record("kernel", f"gemm_mma16_ring/bit-identical/{m}x{n_out}x{k_in}/rows{row_blocks}", exact=same)
-            assert same
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from decoder_service.engines.base import CHAIN_TOKENS
-from decoder_service.engines.cuda import forward, persistent, step
+from decoder_service.engines.cuda import forward, gemm_cluster, persistent, step
 from tests.decoder_service.engines.cuda.emulator import CUDA_DIR, FakeDriver, install_fake_driver
 from tests.decoder_service.engines.cuda.synthetic_tries import random_catalog, trie_from_sequences
 
@@ -56,9 +56,17 @@ def test_tensor_core_gemm_layout_matches_the_kernel() -> None:
     macros = _macros("gemm.cuh")
     assert (macros["GMMA_ROWS"], macros["GMMA_RED_STRIDE"]) == (forward.GEMM_MMA_ROWS, forward.GEMM_MMA_RED_STRIDE)
     assert macros["GMMA_KSPLIT"] == 4  # gemm_mma_shared's four K-quarter partials
-    # gemm_mma_shared's weight slots: 8 warps, a batch of 16-byte pieces for each lane
-    assert 8 * macros["GMMA_BATCH"] * macros["GMMA_TILES"] * 32 * 16 == forward.GEMM_MMA_RING_BYTES
-    assert "#define GMMA_RING_BYTES (8 * GMMA_BATCH * GMMA_TILES * TT_WARP * 16)" in (CUDA_DIR / "gemm.cuh").read_text()
+
+
+def test_cluster_gemm_layout_matches_the_kernel() -> None:
+    gemm, cluster = _macros("gemm.cuh"), _macros("gemm_cluster.cuh")
+    assert gemm["GMMA_KSPLIT"] == gemm_cluster.CLUSTER_BLOCKS  # a block a K-quarter
+    assert gemm["GMMA_TILES"] * 8 == gemm_cluster.UNIT_ROWS  # a warp's 32-row unit: 4 n8 tiles
+    assert gemm["GMMA_TILES"] * 32 * 16 == gemm_cluster.STEP_BYTES  # a lane's 16-byte piece of each tile a step
+    assert (cluster["GMMC_WARPS"], cluster["GMMC_MAX_DEPTH"]) == (gemm_cluster.WARPS, gemm_cluster.MAX_DEPTH)
+    text = (CUDA_DIR / "gemm_cluster.cuh").read_text()
+    kernels = re.findall(r"gemm_mma_cluster(\d)_bf16\(GEMM_CLUSTER_PARAMS\)", text)
+    assert sorted(int(t) for t in kernels) == sorted(gemm_cluster.CLUSTER_TILES)
 
 
 @pytest.mark.parametrize(
