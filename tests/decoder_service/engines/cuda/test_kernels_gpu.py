@@ -536,6 +536,25 @@ def test_gemm(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_in: i
     check(f"gemm/{m}x{n_out}x{k_in}", dev.get(out, F32, (m, n_out)), ref.linear(x, w, b, r))
 
 
+def _gemm_mma_form(dev: Device, k_in: int) -> tuple[str, int, int]:
+    """The 16- or 8-token tensor-core GEMM for inputs k_in wide, its shared memory allowed: (kernel, tokens, shared)."""
+    tokens = gemm_mma_tokens(k_in)
+    kernel, shared = f"gemm_mma{tokens}_bf16", gemm_mma_shared(tokens, k_in)
+    dev.module.kernel(kernel).set_max_dynamic_shared(shared)
+    return kernel, tokens, shared
+
+
+def _gemm_operands(
+    dev: Device, rng: np.random.Generator, m: int, n_out: int, k_in: int
+) -> tuple[tuple[np.ndarray, ...], tuple[DeviceBuffer, ...]]:
+    """Random bf16 weights and bias, fp32 inputs and residual: their values (w, b, x, r) and device copies."""
+    wbits, w = bf16_random(rng, (n_out, k_in), 0.05)
+    bbits, b = bf16_random(rng, n_out, 0.5)
+    x = rng.standard_normal((m, k_in)).astype(F32)
+    r = rng.standard_normal((m, n_out)).astype(F32)
+    return (w, b, x, r), (dev.put(wbits), dev.put(x), dev.put(bbits), dev.put(r))
+
+
 # The tensor-core kernels (the prefill GEMM and attention) carry each fp32 input as two bf16 terms (about 16
 # significant bits; measured 1e-6 to 4e-6): their error must stay far below what inputs cast to bf16 alone would give
 # (bf16 rounds at 2^-9, about 2e-3), which the general bound would let pass.
@@ -550,15 +569,8 @@ def test_gemm_mma(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_i
     """The tensor-core prefill GEMM against float64; any grid gives the same bits, and so does a token run alone
     (its results do not depend on the tokens staged beside it)."""
 
-    tokens = gemm_mma_tokens(k_in)
-    kernel, shared = f"gemm_mma{tokens}_bf16", gemm_mma_shared(tokens, k_in)
-    if shared > 48 * 1024:
-        dev.module.kernel(kernel).set_max_dynamic_shared(shared)
-    wbits, w = bf16_random(rng, (n_out, k_in), 0.05)
-    bbits, b = bf16_random(rng, n_out, 0.5)
-    x = rng.standard_normal((m, k_in)).astype(F32)
-    r = rng.standard_normal((m, n_out)).astype(F32)
-    wb, xb, bb, rb = dev.put(wbits), dev.put(x), dev.put(bbits), dev.put(r)
+    kernel, tokens, shared = _gemm_mma_form(dev, k_in)
+    (w, b, x, r), (wb, xb, bb, rb) = _gemm_operands(dev, rng, m, n_out, k_in)
     groups = -(-n_out // 64)
 
     def run(row_blocks: int) -> np.ndarray:
@@ -597,14 +609,8 @@ def test_gemm_mma_cluster(dev: Device, rng: np.random.Generator, m: int, n_out: 
     leaves two of the four K-quarters without steps."""
     from decoder_service.engines.cuda.gemm_cluster import CLUSTER_TILES, cluster_grid, cluster_plan_tiles
 
-    tokens = gemm_mma_tokens(k_in)
-    kernel, shared = f"gemm_mma{tokens}_bf16", gemm_mma_shared(tokens, k_in)
-    dev.module.kernel(kernel).set_max_dynamic_shared(shared)
-    wbits, _ = bf16_random(rng, (n_out, k_in), 0.05)
-    bbits, _ = bf16_random(rng, n_out, 0.5)
-    x = rng.standard_normal((m, k_in)).astype(F32)
-    r = rng.standard_normal((m, n_out)).astype(F32)
-    wb, xb, bb, rb = dev.put(wbits), dev.put(x), dev.put(bbits), dev.put(r)
+    kernel, tokens, shared = _gemm_mma_form(dev, k_in)
+    _, (wb, xb, bb, rb) = _gemm_operands(dev, rng, m, n_out, k_in)
     out = dev.poisoned(m * n_out)
     dev.launch(
         kernel,
