@@ -1,8 +1,8 @@
 """Prefill GEMMs alone: the tensor-core kernels on the Qwen3-1.7B shape's four projections (qkv, o, gate|up, down),
 for request suffixes of 16 to 128 tokens and a 512-token prompt chunk, with the grid and shared memory the model
-gives them: gemm_mma16_bf16 (gemm_mma8_bf16 for the down rows) beside the cluster GEMM (cuda/gemm_cluster.cuh,
-docs/cuda-speed-notes.md #141: each weight read once by a cluster of four blocks), their outputs compared word for
-word.
+gives them: gemm_mma16_bf16 (gemm_mma8_bf16 for the down rows, and beside it gemm_mma16h_bf16, 16 tokens with
+each K-quarter staged in two phases: docs/cuda-speed-notes.md #142) beside the cluster GEMM (cuda/gemm_cluster.cuh,
+#141: each weight read once by a cluster of four blocks), their outputs compared word for word.
 
 Each case fills random bf16 weights and fp32 inputs and times repeated launches of one shape on one stream (wall
 time over the launches, after one warm-up). On a GPU machine:
@@ -48,12 +48,13 @@ def run_case(module: Module, stream: Stream, sms: int, shape: tuple[str, int, in
     outputs = []
     base = [("ptr", xb.ptr), ("ptr", wb.ptr), ("ptr", 0), ("ptr", 0)]
     sizes = [("i32", m), ("i32", n_out), ("i32", k_in)]
-    kernel, tokens, shared = gemm_mma_kernel(k_in)
-    module.kernel(kernel).set_max_dynamic_shared(shared)
-    out = dev.poisoned(m * n_out)
-    args = [*base, ("ptr", out.ptr), *sizes]
-    grid = gemm_mma_grid(m, n_out, tokens, sms)
-    launches = [(kernel, out, Launch(module.kernel(kernel), grid, (THREADS, 1, 1), args, shared))]
+    launches = []
+    for kernel, tokens, shared in dict.fromkeys([gemm_mma_kernel(k_in), gemm_mma_kernel(k_in, m, m)]):
+        module.kernel(kernel).set_max_dynamic_shared(shared)
+        out = dev.poisoned(m * n_out)
+        args = [*base, ("ptr", out.ptr), *sizes]
+        grid = gemm_mma_grid(m, n_out, tokens, sms)
+        launches.append((kernel, out, Launch(module.kernel(kernel), grid, (THREADS, 1, 1), args, shared)))
     plan = cluster_plan(m, k_in, max_tokens=m)
     if plan is not None:
         cluster = module.kernel(plan.kernel)

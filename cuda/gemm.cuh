@@ -160,7 +160,7 @@ __device__ __forceinline__ void gemm_mma_stage(bf16_t* As, const float* __restri
     __syncthreads();
 }
 
-template <int T>
+template <int T, bool HALVES = false>
 __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16_t* __restrict__ W,
                                          const bf16_t* __restrict__ bias, const float* residual, float* C, int M, int N,
                                          int K) {
@@ -170,11 +170,13 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
     extern __shared__ __align__(16) unsigned char gmma_smem[];
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, gid = lane / 4, tig = lane % 4;
     const int half = warp % 2, quarter = warp / 2;
-    const int ld = gemm_mma_stride(K), t0 = blockIdx.x * T;
-    bf16_t* As = reinterpret_cast<bf16_t*>(gmma_smem);
-    float* red = reinterpret_cast<float*>(gmma_smem + (size_t)2 * T * ld * sizeof(bf16_t));  // [quarter][T][stride]
     const int steps = K / 32;
     const int quarter_steps = (steps + GMMA_KSPLIT - 1) / GMMA_KSPLIT, first_step = quarter * quarter_steps;
+    // HALVES: each quarter's steps in two phases of hs steps (whole batches), staged one phase at a time.
+    const int hs = HALVES ? ((quarter_steps + 1) / 2 + GMMA_BATCH - 1) / GMMA_BATCH * GMMA_BATCH : quarter_steps;
+    const int ld = gemm_mma_stride(HALVES ? GMMA_KSPLIT * hs * 32 : K), t0 = blockIdx.x * T;
+    bf16_t* As = reinterpret_cast<bf16_t*>(gmma_smem);
+    float* red = reinterpret_cast<float*>(gmma_smem + (size_t)2 * T * ld * sizeof(bf16_t));  // [quarter][T][stride]
     const int my_steps = max(0, min(quarter_steps, steps - first_step));  // steps first_step .. + my_steps - 1
     const int batches = (quarter_steps + GMMA_BATCH - 1) / GMMA_BATCH;  // the same in every warp
     const int groups = (N + GMMA_ROWS - 1) / GMMA_ROWS;
@@ -196,8 +198,19 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
     };
     uint4 cur[GMMA_BATCH][GMMA_TILES];
     load(0, cur);  // weights only: no kernel writes them
+    // HALVES: phase p's steps of every quarter q, side by side (quarter q's at column q * hs * 32).
+    auto stage_phase = [&](int p) {
+        for (int q = 0; q < GMMA_KSPLIT; ++q) {
+            const int from = q * quarter_steps + p * hs;
+            const int n = min(hs, min(quarter_steps, steps - q * quarter_steps) - p * hs);  // may be <= 0
+            gemm_mma_stage<T>(As + q * hs * 32, A + from * 32, t0, M, max(0, n) * 32, K, ld);
+        }
+    };
     pdl_enter();
-    gemm_mma_stage<T>(As, A, t0, M, K, K, ld);
+    if constexpr (HALVES)
+        stage_phase(0);
+    else
+        gemm_mma_stage<T>(As, A, t0, M, K, K, ld);
     const bf16_t* hi_g = As + (size_t)gid * ld + tig * 8;  // this lane's A rows: gid (and gid + 8), hi then lo
     const bf16_t* lo_g = As + (size_t)(T + gid) * ld + tig * 8;
     float acc[GMMA_TILES][4] = {};
@@ -205,11 +218,17 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
         uint4 next[GMMA_BATCH][GMMA_TILES];
         load(i + 1, next);
         const int b = i % batches;
+        if constexpr (HALVES) {  // a group's second phase, or a new group after one: every warp has read the rows
+            if (i > 0 && hs < quarter_steps && (b == 0 || b * GMMA_BATCH == hs)) {
+                __syncthreads();
+                stage_phase(b == 0 ? 0 : 1);
+            }
+        }
 #pragma unroll
         for (int j = 0; j < GMMA_BATCH; ++j) {
             const int jj = b * GMMA_BATCH + j;
             if (jj >= my_steps) break;
-            const int col = (first_step + jj) * 32;
+            const int col = HALVES ? (quarter * hs + jj - (jj >= hs ? hs : 0)) * 32 : (first_step + jj) * 32;
             const uint4 h0 = *reinterpret_cast<const uint4*>(hi_g + col);
             const uint4 l0 = *reinterpret_cast<const uint4*>(lo_g + col);
             uint4 h8 = make_uint4(0u, 0u, 0u, 0u), l8 = h8;  // rows gid + 8: none when T == 8
@@ -264,6 +283,13 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_mma16_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
                 const float* residual, float* C, int M, int N, int K) {
     gemm_mma<16>(A, W, bias, residual, C, M, N, K);
+}
+
+// 16 tokens with each K-quarter's rows staged in two phases, for rows too wide to stage whole (an MLP down row).
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_mma16h_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
+                 const float* residual, float* C, int M, int N, int K) {
+    gemm_mma<16, true>(A, W, bias, residual, C, M, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1)

@@ -7,6 +7,7 @@ from device memory (the previous step's argmax), so the same list can later be c
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -83,6 +84,10 @@ GEMM_TILE = 64  # GEMM_BM == GEMM_BN in cuda/gemm.cuh
 GEMM_MMA_ROWS = 64
 GEMM_MMA_TOKENS = (16, 8)
 GEMM_MMA_RED_STRIDE = 68
+GEMM_MMA_BATCH = 4  # GMMA_BATCH: steps of 32 columns a warp's batch of weights covers
+# gemm_mma16h_bf16 stages 16 tokens where gemm_mma8_bf16 stages 8, each K-quarter's rows in two phases (the same
+# bits); $TOOLTRIE_GEMM_HALVES_TOKENS=N gives it the prefills of at most N tokens, off (0) until measured on a GPU.
+GEMM_HALVES_ENV = "TOOLTRIE_GEMM_HALVES_TOKENS"
 ATTN_THREADS = 256
 ATTN_CHUNK = 32  # positions per partial of the decode attention (cuda/attention_decode.cuh)
 ATTN_SPLIT_BLOCKS = 24  # blocks per head of the decode attention; each takes every 24th chunk (three fit an SM)
@@ -128,10 +133,22 @@ def gemm_mma_shared(tokens: int, k_in: int) -> int:
     return 2 * tokens * stride * 2 + 4 * tokens * GEMM_MMA_RED_STRIDE * F32
 
 
-def gemm_mma_kernel(k_in: int) -> tuple[str, int, int]:
-    """The tensor-core GEMM for inputs ``k_in`` wide: (kernel, tokens a block, dynamic shared memory); ("", 0, 0)
-    where none applies (the tiled GEMM)."""
+def gemm_mma_halves_shared(k_in: int) -> int:
+    """gemm_mma16h_bf16's dynamic shared memory: 16 tokens' hi and lo rows of one phase (half of each K-quarter's
+    steps, rounded up to whole batches, the four quarters side by side), then the partials."""
+    quarter_steps = math.ceil(k_in // 32 / 4)
+    phase_steps = math.ceil(math.ceil(quarter_steps / 2) / GEMM_MMA_BATCH) * GEMM_MMA_BATCH
+    cols = 4 * phase_steps * 32
+    return 2 * 16 * (cols + (96 - cols % 64) % 64) * 2 + 4 * 16 * GEMM_MMA_RED_STRIDE * F32
+
+
+def gemm_mma_kernel(k_in: int, m: int = 0, halves_tokens: int = 0) -> tuple[str, int, int]:
+    """The tensor-core GEMM for m tokens of inputs ``k_in`` wide: (kernel, tokens a block, dynamic shared memory);
+    gemm_mma16h_bf16 where 16 tokens' rows fit only in halves and m <= ``halves_tokens``; ("", 0, 0) where none
+    applies (the tiled GEMM)."""
     tokens = gemm_mma_tokens(k_in)
+    if tokens == 8 and 0 < m <= halves_tokens and gemm_mma_halves_shared(k_in) <= MAX_SHARED_PER_BLOCK:
+        return "gemm_mma16h_bf16", 16, gemm_mma_halves_shared(k_in)
     return (f"gemm_mma{tokens}_bf16", tokens, gemm_mma_shared(tokens, k_in)) if tokens else ("", 0, 0)
 
 
@@ -488,8 +505,9 @@ class CudaModel:
             module.kernel(name).prefer_max_shared()
         self.sms = sms
         mma_shared: dict[str, int] = {}  # each tensor-core GEMM kernel's most shared memory over the model's widths
-        for k in (c.hidden_size, self.q_width, c.intermediate_size):
-            name, _, shared = gemm_mma_kernel(k)
+        self.gemm_halves_tokens = env_int(GEMM_HALVES_ENV, 0, 0, 1 << 20)
+        for k, m in itertools.product((c.hidden_size, self.q_width, c.intermediate_size), (1, 1 << 30)):
+            name, _, shared = gemm_mma_kernel(k, m, self.gemm_halves_tokens)  # short prefills and long ones
             if name:
                 mma_shared[name] = max(mma_shared.get(name, 0), shared)
         for name, shared in mma_shared.items():
@@ -966,7 +984,7 @@ class CudaModel:
                 self._max_clusters[key] = kernel.max_active_clusters(probe, (THREADS, 1, 1), plan.shared)
             grid = cluster_grid(m, n_out, plan.tokens, self._max_clusters[key])
             return Launch(kernel, grid, (THREADS, 1, 1), [*args, ("i32", plan.depth)], shared_bytes=plan.shared)
-        name, tokens, shared = gemm_mma_kernel(k_in)
+        name, tokens, shared = gemm_mma_kernel(k_in, m, self.gemm_halves_tokens)
         if name:
             grid = gemm_mma_grid(m, n_out, tokens, self.sms)
             return Launch(self.module.kernel(name), grid, (THREADS, 1, 1), args, shared_bytes=shared)

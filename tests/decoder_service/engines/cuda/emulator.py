@@ -19,6 +19,8 @@ from decoder_service.engines.cuda.forward import (
     ATTN_CLUSTER,
     ATTN_PREFILL_QUERIES,
     SHORT_ATTENTION_POSITIONS,
+    gemm_mma_halves_shared,
+    gemm_mma_shared,
     prefill_attention_shared,
 )
 from decoder_service.engines.cuda.gemm_cluster import cluster_shared
@@ -527,22 +529,24 @@ class FakeDriver:
         assert grid[0] * 64 >= a.N and grid[1] * 64 >= a.M, "GEMM grid does not cover the output"
         self._linear(a, a.M, self.view(a.A, np.float32, a.M * a.K).reshape(a.M, a.K), a.C)
 
-    def _gemm_mma(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int, tokens: int) -> None:
-        """A tensor-core prefill GEMM launch (cuda/gemm.cuh): ``tokens`` a block, row groups of 64."""
+    def _gemm_mma(self, a: SimpleNamespace, grid: tuple, block: tuple, tokens: int, shared: int, need: int) -> None:
+        """A tensor-core prefill GEMM launch (cuda/gemm.cuh): ``tokens`` a block, row groups of 64, ``need`` bytes of
+        shared memory for the staged rows and the K-quarter partials."""
         assert block == (256, 1, 1), "a tensor-core GEMM block is eight warps"
         assert a.K % 32 == 0, "the tensor-core GEMM walks K in steps of 32"
         assert grid[0] * tokens >= a.M, "tensor-core GEMM token groups do not cover the tokens"
         assert 1 <= grid[1] <= -(-a.N // 64), "tensor-core GEMM needs between 1 and one block per row group"
-        stride = a.K + (96 - a.K % 64) % 64
-        need = 2 * tokens * stride * 2 + 4 * tokens * 68 * 4
         assert shared >= need, "the staged tokens' rows and the K-quarter partials need more room"
         self._linear(a, a.M, self.view(a.A, np.float32, a.M * a.K).reshape(a.M, a.K), a.C)
 
     def k_gemm_mma16_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
-        self._gemm_mma(a, grid, block, shared, 16)
+        self._gemm_mma(a, grid, block, 16, shared, gemm_mma_shared(16, a.K))
 
     def k_gemm_mma8_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
-        self._gemm_mma(a, grid, block, shared, 8)
+        self._gemm_mma(a, grid, block, 8, shared, gemm_mma_shared(8, a.K))
+
+    def k_gemm_mma16h_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        self._gemm_mma(a, grid, block, 16, shared, gemm_mma_halves_shared(a.K))
 
     def _gemm_mma_cluster(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int, tiles: int) -> None:
         """The cluster prefill GEMM (cuda/gemm_cluster.cuh): 16 * ``tiles`` tokens a cluster of four blocks."""

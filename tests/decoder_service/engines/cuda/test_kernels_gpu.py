@@ -637,6 +637,32 @@ def test_gemm_mma_cluster(dev: Device, rng: np.random.Generator, m: int, n_out: 
     assert ran >= 3
 
 
+@pytest.mark.parametrize(("m", "n_out", "k_in"), [(37, 520, 6144), (13, 300, 4096), (70, 200, 5120), (1, 64, 6144)])
+def test_gemm_mma16h(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_in: int) -> None:
+    """gemm_mma16h_bf16 (16 tokens, each K-quarter staged in two phases) gives gemm_mma8_bf16's bits, at two grids
+    (several row groups a block: phase 0 staged again for each)."""
+    from decoder_service.engines.cuda.forward import gemm_mma_halves_shared
+
+    kernel, tokens, shared = _gemm_mma_form(dev, k_in)
+    assert (kernel, tokens) == ("gemm_mma8_bf16", 8)
+    _, (wb, xb, bb, rb) = _gemm_operands(dev, rng, m, n_out, k_in)
+    halves = gemm_mma_halves_shared(k_in)
+    dev.module.kernel("gemm_mma16h_bf16").set_max_dynamic_shared(halves)
+    groups = -(-n_out // 64)
+    outs = {}
+    for name, per_block, room in ((kernel, 8, shared), ("gemm_mma16h_bf16", 16, halves)):
+        for row_blocks in (groups, max(1, groups // 3)):
+            out = dev.poisoned(m * n_out)
+            args = _gemm_args(xb, wb, bb, rb, out, m, n_out, k_in)
+            dev.launch(name, (-(-m // per_block), row_blocks, 1), (256, 1, 1), args, room)
+            outs[name, row_blocks] = dev.get(out, F32, (m, n_out)).view(np.uint32)
+    want = outs[kernel, groups]
+    for (name, row_blocks), got in outs.items():
+        same = np.array_equal(got, want)
+        record("kernel", f"{name}/bit-identical/{m}x{n_out}x{k_in}/rows{row_blocks}", exact=same)
+        assert same, f"{name} at {row_blocks} row blocks differs from {kernel}"
+
+
 def rope_table(dev: Device, positions: int, hd: int, theta: float) -> DeviceBuffer:
     """The rotary cosines and sines of positions 0 .. positions - 1, made by the rope_table kernel."""
     table = dev.poisoned(positions * hd)
