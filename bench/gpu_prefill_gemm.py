@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.kernel_bench import Row, kernel_bench_main, launch_us  # noqa: E402
 from decoder_service.engines.cuda.driver import Stream, multiprocessor_count  # noqa: E402
-from decoder_service.engines.cuda.forward import gemm_mma_grid, gemm_mma_kernel  # noqa: E402
+from decoder_service.engines.cuda.forward import gemm_mma_grid, gemm_mma_kernel, gemm_mma_pairs_shared  # noqa: E402
 from decoder_service.engines.cuda.gemm_cluster import cluster_grid, cluster_plan  # noqa: E402
 from decoder_service.engines.cuda.module import Launch, Module  # noqa: E402
 from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random  # noqa: E402
@@ -49,7 +49,10 @@ def run_case(module: Module, stream: Stream, sms: int, shape: tuple[str, int, in
     base = [("ptr", xb.ptr), ("ptr", wb.ptr), ("ptr", 0), ("ptr", 0)]
     sizes = [("i32", m), ("i32", n_out), ("i32", k_in)]
     launches = []
-    for kernel, tokens, shared in dict.fromkeys([gemm_mma_kernel(k_in), gemm_mma_kernel(k_in, m, m)]):
+    forms = [gemm_mma_kernel(k_in), gemm_mma_kernel(k_in, m, m)]
+    if forms[0][1] == 16:  # the same block with its rows staged in pairs
+        forms.append(("gemm_mma16p_bf16", 16, gemm_mma_pairs_shared(k_in)))
+    for kernel, tokens, shared in dict.fromkeys(forms):
         module.kernel(kernel).set_max_dynamic_shared(shared)
         out = dev.poisoned(m * n_out)
         args = [*base, ("ptr", out.ptr), *sizes]

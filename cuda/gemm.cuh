@@ -160,11 +160,49 @@ __device__ __forceinline__ void gemm_mma_stage(bf16_t* As, const float* __restri
     __syncthreads();
 }
 
-template <int T, bool HALVES = false>
+// PAIRS layout (16 tokens): token rows g and g + 8 side by side, word by word, so that one 16-byte load is an mma's
+// A fragment {row g, row g + 8} x {k pair, next k pair} and no register moves assemble it. Pair-row p (0-7 hi, 8-15 lo:
+// rows p and p + 8) holds for each 8-column chunk c the words [c * 8 + 2 i + h] = row p + 8 h's columns 8 c + 2 i,
+// + 1 (bf16 pairs, i = 0..3); pair-rows are ldp words apart (ldp % 32 == 4: the quarter warp's two pair-rows fall in
+// different banks). Stages columns 0 .. K - 1 of tokens t0 .. t0 + 15 (rows a_ld floats apart; zeros past M) into
+// chunks from chunk0 on, then synchronises.
+__device__ __forceinline__ void gemm_mma_stage_pairs(uint32_t* P, const float* __restrict__ A, int t0, int M, int K,
+                                                     int a_ld, int ldp, int chunk0) {
+    const int c8 = K / 8, n = 16 * c8;
+    for (int base = threadIdx.x; base < n; base += 4 * blockDim.x) {
+        float4 v[4][2];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // every load of the round before any use
+            const int e = base + i * blockDim.x, r = e / c8, c = e % c8;
+            const bool live = e < n && t0 + r < M;
+            const float4* src = reinterpret_cast<const float4*>(A + (size_t)(t0 + r) * a_ld + c * 8);
+            v[i][0] = live ? src[0] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[i][1] = live ? src[1] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int e = base + i * blockDim.x, r = e / c8, c = e % c8;
+            if (e >= n) continue;
+            uint4 hi, lo;
+            split_bf16x8(v[i][0], v[i][1], hi, lo);
+            uint32_t* h = P + (size_t)(r % 8) * ldp + (chunk0 + c) * 8 + r / 8;
+            uint32_t* l = h + (size_t)8 * ldp;
+            h[0] = hi.x, h[2] = hi.y, h[4] = hi.z, h[6] = hi.w;
+            l[0] = lo.x, l[2] = lo.y, l[4] = lo.z, l[6] = lo.w;
+        }
+    }
+    __syncthreads();
+}
+
+// Pair-row stride (words) of the PAIRS layout for K columns: K + 4 (K is a multiple of 32).
+__host__ __device__ __forceinline__ int gemm_mma_pair_stride(int K) { return K + 4; }
+
+template <int T, bool HALVES = false, bool PAIRS = false>
 __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16_t* __restrict__ W,
                                          const bf16_t* __restrict__ bias, const float* residual, float* C, int M, int N,
                                          int K) {
     static_assert(T == 8 || T == 16, "a block stages one m16 tile of tokens, or its top half");
+    static_assert(!PAIRS || T == 16, "pairs of rows need a whole m16 tile");
     static_assert(GMMA_TILES * 8 * 2 == GMMA_ROWS && 2 * GMMA_KSPLIT == 8,
                   "eight warps: two row halves, four K-quarters");
     extern __shared__ __align__(16) unsigned char gmma_smem[];
@@ -174,9 +212,12 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
     const int quarter_steps = (steps + GMMA_KSPLIT - 1) / GMMA_KSPLIT, first_step = quarter * quarter_steps;
     // HALVES: each quarter's steps in two phases of hs steps (whole batches), staged one phase at a time.
     const int hs = HALVES ? ((quarter_steps + 1) / 2 + GMMA_BATCH - 1) / GMMA_BATCH * GMMA_BATCH : quarter_steps;
-    const int ld = gemm_mma_stride(HALVES ? GMMA_KSPLIT * hs * 32 : K), t0 = blockIdx.x * T;
+    const int cols = HALVES ? GMMA_KSPLIT * hs * 32 : K, t0 = blockIdx.x * T;
+    const int ld = PAIRS ? gemm_mma_pair_stride(cols) : gemm_mma_stride(cols);  // words (PAIRS) or bf16
     bf16_t* As = reinterpret_cast<bf16_t*>(gmma_smem);
-    float* red = reinterpret_cast<float*>(gmma_smem + (size_t)2 * T * ld * sizeof(bf16_t));  // [quarter][T][stride]
+    uint32_t* Ps = reinterpret_cast<uint32_t*>(gmma_smem);
+    const size_t staged = PAIRS ? (size_t)16 * ld * sizeof(uint32_t) : (size_t)2 * T * ld * sizeof(bf16_t);
+    float* red = reinterpret_cast<float*>(gmma_smem + staged);  // [quarter][T][GMMA_RED_STRIDE]
     const int my_steps = max(0, min(quarter_steps, steps - first_step));  // steps first_step .. + my_steps - 1
     const int batches = (quarter_steps + GMMA_BATCH - 1) / GMMA_BATCH;  // the same in every warp
     const int groups = (N + GMMA_ROWS - 1) / GMMA_ROWS;
@@ -203,16 +244,23 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
         for (int q = 0; q < GMMA_KSPLIT; ++q) {
             const int from = q * quarter_steps + p * hs;
             const int n = min(hs, min(quarter_steps, steps - q * quarter_steps) - p * hs);  // may be <= 0
-            gemm_mma_stage<T>(As + q * hs * 32, A + from * 32, t0, M, max(0, n) * 32, K, ld);
+            if constexpr (PAIRS)
+                gemm_mma_stage_pairs(Ps, A + from * 32, t0, M, max(0, n) * 32, K, ld, q * hs * 4);
+            else
+                gemm_mma_stage<T>(As + q * hs * 32, A + from * 32, t0, M, max(0, n) * 32, K, ld);
         }
     };
     pdl_enter();
     if constexpr (HALVES)
         stage_phase(0);
+    else if constexpr (PAIRS)
+        gemm_mma_stage_pairs(Ps, A, t0, M, K, K, ld, 0);
     else
         gemm_mma_stage<T>(As, A, t0, M, K, K, ld);
     const bf16_t* hi_g = As + (size_t)gid * ld + tig * 8;  // this lane's A rows: gid (and gid + 8), hi then lo
     const bf16_t* lo_g = As + (size_t)(T + gid) * ld + tig * 8;
+    const uint4* hi_p = reinterpret_cast<const uint4*>(Ps + (size_t)gid * ld) + tig * 2;  // PAIRS: pair-row gid
+    const uint4* lo_p = reinterpret_cast<const uint4*>(Ps + (size_t)(8 + gid) * ld) + tig * 2;
     float acc[GMMA_TILES][4] = {};
     for (int i = 0; i < total; ++i) {
         uint4 next[GMMA_BATCH][GMMA_TILES];
@@ -229,6 +277,18 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
             const int jj = b * GMMA_BATCH + j;
             if (jj >= my_steps) break;
             const int col = HALVES ? (quarter * hs + jj - (jj >= hs ? hs : 0)) * 32 : (first_step + jj) * 32;
+            if constexpr (PAIRS) {  // the same fragments as below, each one load
+                const uint4 ha = hi_p[col / 4], hb = hi_p[col / 4 + 1], la = lo_p[col / 4], lb = lo_p[col / 4 + 1];
+#pragma unroll
+                for (int r = 0; r < GMMA_TILES; ++r) {
+                    const uint4 w = cur[j][r];
+                    mma_bf16_16816(acc[r], ha.x, ha.y, ha.z, ha.w, w.x, w.y);
+                    mma_bf16_16816(acc[r], la.x, la.y, la.z, la.w, w.x, w.y);
+                    mma_bf16_16816(acc[r], hb.x, hb.y, hb.z, hb.w, w.z, w.w);
+                    mma_bf16_16816(acc[r], lb.x, lb.y, lb.z, lb.w, w.z, w.w);
+                }
+                continue;
+            }
             const uint4 h0 = *reinterpret_cast<const uint4*>(hi_g + col);
             const uint4 l0 = *reinterpret_cast<const uint4*>(lo_g + col);
             uint4 h8 = make_uint4(0u, 0u, 0u, 0u), l8 = h8;  // rows gid + 8: none when T == 8
@@ -283,6 +343,13 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_mma16_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
                 const float* residual, float* C, int M, int N, int K) {
     gemm_mma<16>(A, W, bias, residual, C, M, N, K);
+}
+
+// gemm_mma16_bf16 with the tokens' rows staged in pairs (PAIRS): the same bits, fewer instructions a step.
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_mma16p_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
+                 const float* residual, float* C, int M, int N, int K) {
+    gemm_mma<16, false, true>(A, W, bias, residual, C, M, N, K);
 }
 
 // 16 tokens with each K-quarter's rows staged in two phases, for rows too wide to stage whole (an MLP down row).

@@ -86,8 +86,11 @@ GEMM_MMA_TOKENS = (16, 8)
 GEMM_MMA_RED_STRIDE = 68
 GEMM_MMA_BATCH = 4  # GMMA_BATCH: steps of 32 columns a warp's batch of weights covers
 # gemm_mma16h_bf16 stages 16 tokens where gemm_mma8_bf16 stages 8, each K-quarter's rows in two phases (the same
-# bits); $TOOLTRIE_GEMM_HALVES_TOKENS=N gives it the prefills of at most N tokens, off (0) until measured on a GPU.
+# bits). It takes prefills of 17 to GEMM_HALVES_TOKENS tokens ($TOOLTRIE_GEMM_HALVES_TOKENS; 0: none): on an H200
+# it was faster there and slower at 16 tokens (one token group leaves the down rows 32 blocks, where gemm_mma8_bf16's
+# two take 64) and at 512 (docs/cuda-speed-notes.md #142).
 GEMM_HALVES_ENV = "TOOLTRIE_GEMM_HALVES_TOKENS"
+GEMM_HALVES_TOKENS = 128
 ATTN_THREADS = 256
 ATTN_CHUNK = 32  # positions per partial of the decode attention (cuda/attention_decode.cuh)
 ATTN_SPLIT_BLOCKS = 24  # blocks per head of the decode attention; each takes every 24th chunk (three fit an SM)
@@ -133,6 +136,12 @@ def gemm_mma_shared(tokens: int, k_in: int) -> int:
     return 2 * tokens * stride * 2 + 4 * tokens * GEMM_MMA_RED_STRIDE * F32
 
 
+def gemm_mma_pairs_shared(cols: int) -> int:
+    """Dynamic shared memory of a 16-token GEMM block that stages ``cols`` columns in pairs of rows (PAIRS in
+    cuda/gemm.cuh: 16 pair-rows of cols + 4 words), then the partials."""
+    return 16 * (cols + 4) * 4 + 4 * 16 * GEMM_MMA_RED_STRIDE * F32
+
+
 def gemm_mma_halves_shared(k_in: int) -> int:
     """gemm_mma16h_bf16's dynamic shared memory: 16 tokens' hi and lo rows of one phase (half of each K-quarter's
     steps, rounded up to whole batches, the four quarters side by side), then the partials."""
@@ -144,10 +153,10 @@ def gemm_mma_halves_shared(k_in: int) -> int:
 
 def gemm_mma_kernel(k_in: int, m: int = 0, halves_tokens: int = 0) -> tuple[str, int, int]:
     """The tensor-core GEMM for m tokens of inputs ``k_in`` wide: (kernel, tokens a block, dynamic shared memory);
-    gemm_mma16h_bf16 where 16 tokens' rows fit only in halves and m <= ``halves_tokens``; ("", 0, 0) where none
-    applies (the tiled GEMM)."""
+    gemm_mma16h_bf16 where 16 tokens' rows fit only in halves and 16 < m <= ``halves_tokens``; ("", 0, 0) where
+    none applies (the tiled GEMM)."""
     tokens = gemm_mma_tokens(k_in)
-    if tokens == 8 and 0 < m <= halves_tokens and gemm_mma_halves_shared(k_in) <= MAX_SHARED_PER_BLOCK:
+    if tokens == 8 and 16 < m <= halves_tokens and gemm_mma_halves_shared(k_in) <= MAX_SHARED_PER_BLOCK:
         return "gemm_mma16h_bf16", 16, gemm_mma_halves_shared(k_in)
     return (f"gemm_mma{tokens}_bf16", tokens, gemm_mma_shared(tokens, k_in)) if tokens else ("", 0, 0)
 
@@ -505,8 +514,8 @@ class CudaModel:
             module.kernel(name).prefer_max_shared()
         self.sms = sms
         mma_shared: dict[str, int] = {}  # each tensor-core GEMM kernel's most shared memory over the model's widths
-        self.gemm_halves_tokens = env_int(GEMM_HALVES_ENV, 0, 0, 1 << 20)
-        for k, m in itertools.product((c.hidden_size, self.q_width, c.intermediate_size), (1, 1 << 30)):
+        self.gemm_halves_tokens = env_int(GEMM_HALVES_ENV, GEMM_HALVES_TOKENS, 0, 1 << 20)
+        for k, m in itertools.product((c.hidden_size, self.q_width, c.intermediate_size), (1, 17, 1 << 30)):
             name, _, shared = gemm_mma_kernel(k, m, self.gemm_halves_tokens)  # short prefills and long ones
             if name:
                 mma_shared[name] = max(mma_shared.get(name, 0), shared)

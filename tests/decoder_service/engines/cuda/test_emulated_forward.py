@@ -155,14 +155,14 @@ def test_gemm_cluster_takes_prefills_up_to_its_token_limit(
 
 
 def test_gemm_halves_takes_short_prefills_of_rows_too_wide_for_16_tokens() -> None:
-    """Rows 6,144 wide fit 8 tokens' hi and lo rows, 16 only one half of each K-quarter at a time: with a token
-    limit, short prefills take gemm_mma16h_bf16, long ones gemm_mma8_bf16; rows that fit 16 tokens are unchanged."""
+    """Rows 6,144 wide fit 8 tokens' hi and lo rows, 16 only one half of each K-quarter at a time: prefills of 17 to
+    the token limit take gemm_mma16h_bf16, others gemm_mma8_bf16; rows that fit 16 tokens are unchanged."""
     from decoder_service.engines.cuda.forward import gemm_mma_halves_shared, gemm_mma_kernel
 
-    assert gemm_mma_kernel(6144, 36) == ("gemm_mma8_bf16", 8, 2 * 8 * 6176 * 2 + 4 * 8 * 68 * 4)  # off by default
+    assert gemm_mma_kernel(6144, 36) == ("gemm_mma8_bf16", 8, 2 * 8 * 6176 * 2 + 4 * 8 * 68 * 4)  # no limit given
     assert gemm_mma_kernel(6144, 36, 64) == ("gemm_mma16h_bf16", 16, gemm_mma_halves_shared(6144))
     assert gemm_mma_halves_shared(6144) == 2 * 16 * (4 * 24 * 32 + 32) * 2 + 4 * 16 * 68 * 4  # 24 steps a phase
-    assert gemm_mma_kernel(6144, 65, 64)[0] == "gemm_mma8_bf16"
+    assert gemm_mma_kernel(6144, 65, 64)[0] == gemm_mma_kernel(6144, 16, 64)[0] == "gemm_mma8_bf16"
     assert gemm_mma_kernel(2048, 36, 64)[0] == "gemm_mma16_bf16"
 
 
