@@ -131,11 +131,12 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint3
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Stages columns 0 .. K - 1 of tokens t0 .. t0 + T - 1 of A (rows a_ld floats apart; zeros past M) as hi rows at As
-// and lo rows at As + T * ld, then synchronises.
-template <int T>
-__device__ __forceinline__ void gemm_mma_stage(bf16_t* As, const float* __restrict__ A, int t0, int M, int K,
-                                               int a_ld, int ld) {
+// Loads columns 0 .. K - 1 of tokens t0 .. t0 + T - 1 of A (rows a_ld floats apart; zeros past M) four 8-column
+// chunks a thread at a time, splits each into hi and lo bf16 terms and hands them to store(row, chunk, hi, lo), then
+// synchronises.
+template <int T, typename Store>
+__device__ __forceinline__ void gemm_mma_stage_with(const float* __restrict__ A, int t0, int M, int K, int a_ld,
+                                                    Store store) {
     const int c8 = K / 8, n = T * c8;
     for (int base = threadIdx.x; base < n; base += 4 * blockDim.x) {
         float4 v[4][2];
@@ -153,45 +154,35 @@ __device__ __forceinline__ void gemm_mma_stage(bf16_t* As, const float* __restri
             if (e >= n) continue;
             uint4 hi, lo;
             split_bf16x8(v[i][0], v[i][1], hi, lo);
-            *reinterpret_cast<uint4*>(As + (size_t)r * ld + c * 8) = hi;
-            *reinterpret_cast<uint4*>(As + (size_t)(T + r) * ld + c * 8) = lo;
+            store(r, c, hi, lo);
         }
     }
     __syncthreads();
+}
+
+// Stages the tokens' rows as hi rows at As and lo rows at As + T * ld (ld bf16 apart).
+template <int T>
+__device__ __forceinline__ void gemm_mma_stage(bf16_t* As, const float* __restrict__ A, int t0, int M, int K,
+                                               int a_ld, int ld) {
+    gemm_mma_stage_with<T>(A, t0, M, K, a_ld, [&](int r, int c, const uint4& hi, const uint4& lo) {
+        *reinterpret_cast<uint4*>(As + (size_t)r * ld + c * 8) = hi;
+        *reinterpret_cast<uint4*>(As + (size_t)(T + r) * ld + c * 8) = lo;
+    });
 }
 
 // PAIRS layout (16 tokens): token rows g and g + 8 side by side, word by word, so that one 16-byte load is an mma's
 // A fragment {row g, row g + 8} x {k pair, next k pair} and no register moves assemble it. Pair-row p (0-7 hi, 8-15 lo:
 // rows p and p + 8) holds for each 8-column chunk c the words [c * 8 + 2 i + h] = row p + 8 h's columns 8 c + 2 i,
 // + 1 (bf16 pairs, i = 0..3); pair-rows are ldp words apart (ldp % 32 == 4: the quarter warp's two pair-rows fall in
-// different banks). Stages columns 0 .. K - 1 of tokens t0 .. t0 + 15 (rows a_ld floats apart; zeros past M) into
-// chunks from chunk0 on, then synchronises.
+// different banks). Stages the tokens' rows into chunks from chunk0 on.
 __device__ __forceinline__ void gemm_mma_stage_pairs(uint32_t* P, const float* __restrict__ A, int t0, int M, int K,
                                                      int a_ld, int ldp, int chunk0) {
-    const int c8 = K / 8, n = 16 * c8;
-    for (int base = threadIdx.x; base < n; base += 4 * blockDim.x) {
-        float4 v[4][2];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {  // every load of the round before any use
-            const int e = base + i * blockDim.x, r = e / c8, c = e % c8;
-            const bool live = e < n && t0 + r < M;
-            const float4* src = reinterpret_cast<const float4*>(A + (size_t)(t0 + r) * a_ld + c * 8);
-            v[i][0] = live ? src[0] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            v[i][1] = live ? src[1] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int e = base + i * blockDim.x, r = e / c8, c = e % c8;
-            if (e >= n) continue;
-            uint4 hi, lo;
-            split_bf16x8(v[i][0], v[i][1], hi, lo);
-            uint32_t* h = P + (size_t)(r % 8) * ldp + (chunk0 + c) * 8 + r / 8;
-            uint32_t* l = h + (size_t)8 * ldp;
-            h[0] = hi.x, h[2] = hi.y, h[4] = hi.z, h[6] = hi.w;
-            l[0] = lo.x, l[2] = lo.y, l[4] = lo.z, l[6] = lo.w;
-        }
-    }
-    __syncthreads();
+    gemm_mma_stage_with<16>(A, t0, M, K, a_ld, [&](int r, int c, const uint4& hi, const uint4& lo) {
+        uint32_t* h = P + (size_t)(r % 8) * ldp + (chunk0 + c) * 8 + r / 8;
+        uint32_t* l = h + (size_t)8 * ldp;
+        h[0] = hi.x, h[2] = hi.y, h[4] = hi.z, h[6] = hi.w;
+        l[0] = lo.x, l[2] = lo.y, l[4] = lo.z, l[6] = lo.w;
+    });
 }
 
 // Pair-row stride (words) of the PAIRS layout for K columns: K + 4 (K is a multiple of 32).
