@@ -268,32 +268,27 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
             const int jj = b * GMMA_BATCH + j;
             if (jj >= my_steps) break;
             const int col = HALVES ? (quarter * hs + jj - (jj >= hs ? hs : 0)) * 32 : (first_step + jj) * 32;
-            if constexpr (PAIRS) {  // the same fragments as below, each one load
-                const uint4 ha = hi_p[col / 4], hb = hi_p[col / 4 + 1], la = lo_p[col / 4], lb = lo_p[col / 4 + 1];
-#pragma unroll
-                for (int r = 0; r < GMMA_TILES; ++r) {
-                    const uint4 w = cur[j][r];
-                    mma_bf16_16816(acc[r], ha.x, ha.y, ha.z, ha.w, w.x, w.y);
-                    mma_bf16_16816(acc[r], la.x, la.y, la.z, la.w, w.x, w.y);
-                    mma_bf16_16816(acc[r], hb.x, hb.y, hb.z, hb.w, w.z, w.w);
-                    mma_bf16_16816(acc[r], lb.x, lb.y, lb.z, lb.w, w.z, w.w);
+            uint4 ha, hb, la, lb;  // the A fragments of the step's two k16 mmas, hi and lo terms
+            if constexpr (PAIRS) {  // each one load
+                ha = hi_p[col / 4], hb = hi_p[col / 4 + 1], la = lo_p[col / 4], lb = lo_p[col / 4 + 1];
+            } else {
+                const uint4 h0 = *reinterpret_cast<const uint4*>(hi_g + col);
+                const uint4 l0 = *reinterpret_cast<const uint4*>(lo_g + col);
+                uint4 h8 = make_uint4(0u, 0u, 0u, 0u), l8 = h8;  // rows gid + 8: none when T == 8
+                if constexpr (T == 16) {
+                    h8 = *reinterpret_cast<const uint4*>(hi_g + 8 * ld + col);
+                    l8 = *reinterpret_cast<const uint4*>(lo_g + 8 * ld + col);
                 }
-                continue;
-            }
-            const uint4 h0 = *reinterpret_cast<const uint4*>(hi_g + col);
-            const uint4 l0 = *reinterpret_cast<const uint4*>(lo_g + col);
-            uint4 h8 = make_uint4(0u, 0u, 0u, 0u), l8 = h8;  // rows gid + 8: none when T == 8
-            if constexpr (T == 16) {
-                h8 = *reinterpret_cast<const uint4*>(hi_g + 8 * ld + col);
-                l8 = *reinterpret_cast<const uint4*>(lo_g + 8 * ld + col);
+                ha = make_uint4(h0.x, h8.x, h0.y, h8.y), hb = make_uint4(h0.z, h8.z, h0.w, h8.w);
+                la = make_uint4(l0.x, l8.x, l0.y, l8.y), lb = make_uint4(l0.z, l8.z, l0.w, l8.w);
             }
 #pragma unroll
             for (int r = 0; r < GMMA_TILES; ++r) {
                 const uint4 w = cur[j][r];
-                mma_bf16_16816(acc[r], h0.x, h8.x, h0.y, h8.y, w.x, w.y);
-                mma_bf16_16816(acc[r], l0.x, l8.x, l0.y, l8.y, w.x, w.y);
-                mma_bf16_16816(acc[r], h0.z, h8.z, h0.w, h8.w, w.z, w.w);
-                mma_bf16_16816(acc[r], l0.z, l8.z, l0.w, l8.w, w.z, w.w);
+                mma_bf16_16816(acc[r], ha.x, ha.y, ha.z, ha.w, w.x, w.y);
+                mma_bf16_16816(acc[r], la.x, la.y, la.z, la.w, w.x, w.y);
+                mma_bf16_16816(acc[r], hb.x, hb.y, hb.z, hb.w, w.z, w.w);
+                mma_bf16_16816(acc[r], lb.x, lb.y, lb.z, lb.w, w.z, w.w);
             }
         }
         if (b == batches - 1) {  // the group's K-quarter partials, then their sums in ascending quarter order
