@@ -522,7 +522,8 @@ class CudaModel:
         for name, shared in mma_shared.items():
             if shared > DEFAULT_SHARED_LIMIT:
                 module.kernel(name).set_max_dynamic_shared(shared)
-        # Request suffixes: the cluster GEMM (each weight read once; gemm_mma16_bf16's bits), its shape per launch.
+        # $TOOLTRIE_GEMM_CLUSTER_TOKENS: short prefills on the cluster GEMM (each weight read once; gemm_mma16_bf16's
+        # bits), its shape per launch.
         self.gemm_cluster_tokens = cluster_max_tokens()
         for tiles in CLUSTER_TILES:
             module.kernel(f"gemm_mma_cluster{tiles}_bf16").set_max_dynamic_shared(MAX_SHARED_PER_BLOCK)
@@ -971,9 +972,10 @@ class CudaModel:
         )
 
     def _gemm(self, w: int, x: int, bias: int, residual: int, y: int, m: int, n_out: int, k_in: int) -> Launch:
-        """y[m, n_out] = x[m, k_in] @ W.T (+ bias) (+ residual) for prefill: on the tensor cores (a request suffix
-        by clusters that read each weight once, longer runs 16 or 8 tokens a block, as many blocks as SMs; the same
-        bits), or with the tiled fp32 GEMM for inputs they do not take."""
+        """y[m, n_out] = x[m, k_in] @ W.T (+ bias) (+ residual) for prefill: on the tensor cores (16 or 8 tokens a
+        block, as many blocks as SMs; 16 by halves of K for short prefills of rows too wide for 16, or clusters that
+        read each weight once where $TOOLTRIE_GEMM_CLUSTER_TOKENS asks: the same bits), or with the tiled fp32 GEMM
+        for inputs they do not take."""
         args: list[tuple[str, int | float]] = [
             ("ptr", x),
             ("ptr", w),

@@ -16,7 +16,8 @@ WARPS = 8
 STEP_BYTES = 2048  # a warp's step of weights in the ring (GMMC_STEP_BYTES)
 MIN_DEPTH, MAX_DEPTH = 4, 8  # ring steps a warp: fewer leave the stream short of bytes in flight
 # Prefills of at most this many tokens take the cluster GEMM (more: gemm_mma16_bf16 / gemm_mma8_bf16, the same
-# bits); $TOOLTRIE_GEMM_CLUSTER_TOKENS sets it. 0 (off) until measured on a GPU (docs/cuda-speed-notes.md #141).
+# bits); $TOOLTRIE_GEMM_CLUSTER_TOKENS sets it. Off (0): on an H100 and an H200 it was slower than those kernels but
+# on the down rows of a 36-token suffix (docs/cuda-speed-notes.md #141).
 CLUSTER_MAX_TOKENS = 0
 CLUSTER_TOKENS_ENV = "TOOLTRIE_GEMM_CLUSTER_TOKENS"
 
