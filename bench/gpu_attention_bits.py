@@ -22,7 +22,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from decoder_service.engines.cuda.driver import Stream, cuda_available  # noqa: E402
+from bench.machine import gpu_missing  # noqa: E402
+from decoder_service.engines.cuda.driver import Stream  # noqa: E402
 from decoder_service.engines.cuda.module import Module  # noqa: E402
 from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random  # noqa: E402
 from tests.decoder_service.engines.cuda.test_kernels_gpu import (  # noqa: E402
@@ -94,9 +95,7 @@ def main() -> int:
     parser.add_argument("before", type=Path, help="the cubin of the revision before the change")
     parser.add_argument("after", type=Path, help="the cubin with the change")
     args = parser.parse_args()
-    ok, reason = cuda_available()
-    if not ok:
-        print(f"no usable CUDA device: {reason}", file=sys.stderr)
+    if gpu_missing():
         return 2
     modules = [Module(args.before), Module(args.after)]
     stream = Stream()

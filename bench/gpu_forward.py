@@ -24,9 +24,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.machine import code_identity_lines, git_commit, run_env  # noqa: E402
+from bench.machine import code_identity_lines, git_commit, gpu_missing, run_env  # noqa: E402
 from decoder_service.engines.cuda import driver  # noqa: E402
-from decoder_service.engines.cuda.driver import Event, Stream, call, cuda_available  # noqa: E402
+from decoder_service.engines.cuda.driver import Event, Stream, call  # noqa: E402
 from decoder_service.engines.cuda.forward import (  # noqa: E402
     KV_ENTRY_BYTES,
     SHORT_ATTENTION_POSITIONS,
@@ -686,9 +686,7 @@ def main() -> int:
     if args.report:
         write_report(args.report, args.results)
         return 0
-    ok, reason = cuda_available()
-    if not ok:
-        print(f"no usable CUDA device: {reason}", file=sys.stderr)
+    if gpu_missing():
         return 2
     module = Module(args.cubin or build_cubin())
     stream = Stream()

@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.gpu_forward import QWEN3_1_7B, capture, synthetic_weights  # noqa: E402
-from decoder_service.engines.cuda.driver import call, cuda_available  # noqa: E402
+from bench.machine import gpu_missing  # noqa: E402
+from decoder_service.engines.cuda.driver import call  # noqa: E402
 from decoder_service.engines.cuda.forward import ATTN_CHUNK, CudaModel  # noqa: E402
 from decoder_service.engines.cuda.module import Module  # noqa: E402
 from tooltrie.cuda_build import CUDA_DIR, ENTRY, NVCC_FLAGS, find_nvcc  # noqa: E402
@@ -97,9 +98,7 @@ def main() -> int:
         "--warm", action="store_true", help="run the attention launch twice and trace the second (caches warm)"
     )
     args = parser.parse_args()
-    ok, reason = cuda_available()
-    if not ok:
-        print(f"no usable CUDA device: {reason}", file=sys.stderr)
+    if gpu_missing():
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         module = Module(traced_cubin(Path(tmp)))

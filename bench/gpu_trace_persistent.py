@@ -25,7 +25,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.gpu_forward import QWEN3_1_7B, capture, synthetic_weights  # noqa: E402
 from bench.gpu_trace_attention import read_trace, traced_cubin  # noqa: E402
-from decoder_service.engines.cuda.driver import call, cuda_available  # noqa: E402
+from bench.machine import gpu_missing  # noqa: E402
+from decoder_service.engines.cuda.driver import call  # noqa: E402
 from decoder_service.engines.cuda.forward import CudaModel  # noqa: E402
 from decoder_service.engines.cuda.module import Module  # noqa: E402
 from tooltrie.cuda_build import CUDA_DIR  # noqa: E402
@@ -104,9 +105,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, nargs="+", default=[200, 708])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    ok, reason = cuda_available()
-    if not ok:
-        print(f"no usable CUDA device: {reason}", file=sys.stderr)
+    if gpu_missing():
         return 2
     module = Module(traced_cubin(args.out.parent.resolve()))
     weights = synthetic_weights(QWEN3_1_7B, seed=0)

@@ -13,7 +13,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from decoder_service.engines.cuda.driver import Stream, cuda_available  # noqa: E402
+from bench.machine import gpu_missing  # noqa: E402
+from decoder_service.engines.cuda.driver import Stream  # noqa: E402
 from decoder_service.engines.cuda.module import Launch, Module  # noqa: E402
 
 Row = dict[str, object]
@@ -39,9 +40,7 @@ def kernel_bench_main(
     parser.add_argument("--cubin", type=Path, default=REPO / "cuda" / "build" / "tooltrie.cubin")
     parser.add_argument("--out", type=Path, help="also write the rows as a JSON list")
     args = parser.parse_args()
-    ok, reason = cuda_available()
-    if not ok:
-        print(f"no usable CUDA device: {reason}", file=sys.stderr)
+    if gpu_missing():
         return 2
     module, stream = Module(args.cubin), Stream()
     rows = []

@@ -11,6 +11,16 @@ from pathlib import Path
 from typing import Any
 
 
+def gpu_missing() -> bool:
+    """True, having said why on stderr, where no CUDA device is usable (the GPU benchmarks then exit 2)."""
+    from decoder_service.engines.cuda.driver import cuda_available
+
+    ok, reason = cuda_available()
+    if not ok:
+        print(f"no usable CUDA device: {reason}", file=sys.stderr)
+    return not ok
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
