@@ -25,7 +25,7 @@ from decoder_service.engines.cuda.gemm_cluster import (
     cluster_plan,
 )
 from decoder_service.engines.cuda.memory import DeviceBuffer
-from decoder_service.engines.cuda.module import Launch, Module
+from decoder_service.engines.cuda.module import MAX_SHARED_PER_BLOCK, Launch, Module
 from decoder_service.engines.cuda.persistent import ATTN_MERGE_SPLIT, PersistentDecode, decode_kernel_choice
 from decoder_service.engines.cuda.weights import Fp8Weight, ModelWeights, upload_weights
 from decoder_service.engines.env import env_int
@@ -119,7 +119,6 @@ ATTN_PREFILL_QUERIES = 8
 ATTN_PREFILL_ROWS = 256  # positions a tile (cuda/attention.cuh)
 PREFILL_ATTENTION_ENV = "TOOLTRIE_PREFILL_ATTENTION"
 ATTN_STATIC_SHARED = 33_920  # attention's static shared memory (ptxas -v)
-MAX_SHARED_PER_BLOCK = 227 * 1024
 ARGMAX_THREADS = 1024
 DEFAULT_SHARED_LIMIT = 48 * 1024
 GEMV_IN_PLAIN, GEMV_IN_RMSNORM = 0, 1  # input transforms of cuda/gemv.cuh
@@ -525,7 +524,7 @@ class CudaModel:
         # $TOOLTRIE_GEMM_CLUSTER_TOKENS: short prefills on the cluster GEMM (each weight read once; gemm_mma16_bf16's
         # bits), its shape per launch.
         self.gemm_cluster_tokens = cluster_max_tokens()
-        for tiles in CLUSTER_TILES:
+        for tiles in CLUSTER_TILES if self.gemm_cluster_tokens else ():
             module.kernel(f"gemm_mma_cluster{tiles}_bf16").set_max_dynamic_shared(MAX_SHARED_PER_BLOCK)
         self._max_clusters: dict[tuple[str, int], int] = {}
         # The decode step: one launch list of kernels per layer, or every layer in one persistent kernel; both give

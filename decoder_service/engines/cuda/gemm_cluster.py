@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from decoder_service.engines.cuda.module import MAX_SHARED_PER_BLOCK
 from decoder_service.engines.env import env_int
 
 F32 = 4
-MAX_SHARED_PER_BLOCK = 227 * 1024
 CLUSTER_BLOCKS = 4  # GMMA_KSPLIT: a block a K-quarter
 CLUSTER_TILES = (3, 2, 1)  # 16-token tiles of gemm_mma_cluster{3,2,1}_bf16, the most first
 UNIT_ROWS = 32  # a warp's rows at a time (GMMC_UNIT_ROWS)

@@ -15,6 +15,10 @@ from decoder_service.engines.cuda.driver import Stream, call
 _CTYPES = {"ptr": ctypes.c_uint64, "u64": ctypes.c_uint64, "i32": ctypes.c_int32, "f32": ctypes.c_float}
 
 
+# Dynamic shared memory a block of an sm_90 GPU may ask for (227 KiB of the SM's 228).
+MAX_SHARED_PER_BLOCK = 227 * 1024
+
+
 class Kernel:
     """One ``extern "C" __global__`` function of the module. ``pdl``: launch it with programmatic stream
     serialization (see ``Module``)."""

@@ -20,7 +20,7 @@ import numpy as np
 
 from decoder_service.engines.cuda.driver import Stream, multiprocessor_count
 from decoder_service.engines.cuda.memory import DeviceBuffer
-from decoder_service.engines.cuda.module import Launch, Module
+from decoder_service.engines.cuda.module import MAX_SHARED_PER_BLOCK, Launch, Module
 from decoder_service.engines.cuda.weights import ModelWeights
 from decoder_service.engines.env import env_int
 from decoder_service.models.config import ModelConfig
@@ -36,7 +36,6 @@ DEFAULT_IN_FLIGHT = 3  # copies in flight a block (docs/cuda-speed-notes.md #107
 DEFAULT_POLL_NS = 1000  # a poll's sleep after a miss: spinning polls slowed the stores they waited for (#107)
 # The kernel's static shared memory (ptxas -v reports 8,192 bytes; a build test checks this bound).
 PDEC_STATIC_SHARED = 8_704
-MAX_SHARED_PER_BLOCK = 227 * 1024
 # The decode attention merge (cuda/attention_decode.cuh): chunk values an output element's thread loads together,
 # and the most chunks the serial merge takes (its table, then up to a batch of values a thread handed over).
 ATTN_MERGE_BATCH = 16
