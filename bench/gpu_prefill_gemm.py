@@ -7,10 +7,12 @@ each K-quarter staged in two phases: docs/cuda-speed-notes.md #142) beside the c
 Each case fills random bf16 weights and fp32 inputs and times repeated launches of one shape on one stream (wall
 time over the launches, after one warm-up). On a GPU machine:
 
-    PYTHONPATH=. python3 bench/gpu_prefill_gemm.py [--out FILE]
+    PYTHONPATH=. python3 bench/gpu_prefill_gemm.py [--out FILE] [--base-cubin OLD.cubin]
 
 Prints one JSON object a case: µs a launch and the weight bytes over that time for each kernel, and whether the
-other kernels' outputs matched the first's; exits 1 if any differ.
+other kernels' outputs matched the first's; with --base-cubin, also each gemm_mma kernel of that cubin, launched
+right after the same kernel of --cubin on the same inputs, its µs (base_us) and whether its output has the same
+bits (same_bits_as_base). Exits 1 if any outputs differ.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.kernel_bench import Row, kernel_bench_main, launch_us  # noqa: E402
 from decoder_service.engines.cuda.driver import Stream, multiprocessor_count  # noqa: E402
-from decoder_service.engines.cuda.forward import gemm_mma_grid, gemm_mma_kernel, gemm_mma_pairs_shared  # noqa: E402
+from decoder_service.engines.cuda.forward import gemm_mma_grid, gemm_mma_kernel  # noqa: E402
 from decoder_service.engines.cuda.gemm_cluster import cluster_grid, cluster_plan  # noqa: E402
 from decoder_service.engines.cuda.module import Launch, Module  # noqa: E402
 from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random  # noqa: E402
@@ -37,7 +39,9 @@ CASES = ((16, 20), (36, 20), (64, 20), (128, 10), (512, 5))  # (tokens, timed la
 THREADS = 256
 
 
-def run_case(module: Module, stream: Stream, sms: int, shape: tuple[str, int, int], m: int, repeats: int) -> Row:
+def run_case(
+    module: Module, stream: Stream, sms: int, shape: tuple[str, int, int], m: int, repeats: int, base: Module | None
+) -> Row:
     name, n_out, k_in = shape
     dev = Device(module, stream)
     rng = np.random.default_rng(n_out + k_in + m)
@@ -46,18 +50,17 @@ def run_case(module: Module, stream: Stream, sms: int, shape: tuple[str, int, in
     wb, xb = dev.put(w_bits), dev.put(x)
     row: dict[str, object] = {"shape": name, "tokens": m}
     outputs = []
-    base = [("ptr", xb.ptr), ("ptr", wb.ptr), ("ptr", 0), ("ptr", 0)]
+    base_args = [("ptr", xb.ptr), ("ptr", wb.ptr), ("ptr", 0), ("ptr", 0)]
     sizes = [("i32", m), ("i32", n_out), ("i32", k_in)]
-    launches = []
+    launches = []  # (kernel, its module, output buffer, launch)
     forms = [gemm_mma_kernel(k_in), gemm_mma_kernel(k_in, m, m)]
-    if forms[0][1] == 16:  # the same block with its rows staged in pairs
-        forms.append(("gemm_mma16p_bf16", 16, gemm_mma_pairs_shared(k_in)))
     for kernel, tokens, shared in dict.fromkeys(forms):
-        module.kernel(kernel).set_max_dynamic_shared(shared)
-        out = dev.poisoned(m * n_out)
-        args = [*base, ("ptr", out.ptr), *sizes]
         grid = gemm_mma_grid(m, n_out, tokens, sms)
-        launches.append((kernel, out, Launch(module.kernel(kernel), grid, (THREADS, 1, 1), args, shared)))
+        for mod in (module, base) if base is not None else (module,):
+            mod.kernel(kernel).set_max_dynamic_shared(shared)
+            out = dev.poisoned(m * n_out)
+            args = [*base_args, ("ptr", out.ptr), *sizes]
+            launches.append((kernel, mod, out, Launch(mod.kernel(kernel), grid, (THREADS, 1, 1), args, shared)))
     plan = cluster_plan(m, k_in, max_tokens=m)
     if plan is not None:
         cluster = module.kernel(plan.kernel)
@@ -65,29 +68,37 @@ def run_case(module: Module, stream: Stream, sms: int, shape: tuple[str, int, in
         most = cluster.max_active_clusters((1, 4, 1), (THREADS, 1, 1), plan.shared)
         grid = cluster_grid(m, n_out, plan.tokens, most)
         out = dev.poisoned(m * n_out)
-        args = [*base, ("ptr", out.ptr), *sizes, ("i32", plan.depth)]
-        launches.append((plan.kernel, out, Launch(cluster, grid, (THREADS, 1, 1), args, plan.shared)))
-    for kernel, out, launch in launches:
+        args = [*base_args, ("ptr", out.ptr), *sizes, ("i32", plan.depth)]
+        launches.append((plan.kernel, module, out, Launch(cluster, grid, (THREADS, 1, 1), args, plan.shared)))
+    for kernel, mod, out, launch in launches:
         us = launch_us(stream, launch, repeats)
+        bits = dev.get(out, np.float32, m * n_out).view(np.uint32)
+        if mod is base:  # the base cubin's kernel, launched just after the same kernel of --cubin
+            entry = row[kernel]
+            assert isinstance(entry, dict)
+            entry["base_us"] = us
+            entry["same_bits_as_base"] = bool(np.array_equal(bits, outputs[-1]))
+            continue
         tb_s = round(n_out * k_in * 2 / (us * 1e-6) / 1e12, 2)
         row[kernel] = {"us": us, "weight_tb_s": tb_s, "grid": list(launch.grid)}
-        outputs.append(dev.get(out, np.float32, m * n_out).view(np.uint32))
+        outputs.append(bits)
     if len(outputs) > 1:
         row["same_bits"] = all(np.array_equal(outputs[0], o) for o in outputs[1:])
     dev.free()
     return row
 
 
-def all_rows(module: Module, stream: Stream) -> Iterator[Row]:
+def all_rows(module: Module, stream: Stream, base: Module | None = None) -> Iterator[Row]:
     sms = multiprocessor_count()
     for m, repeats in CASES:
         for shape in SHAPES:
-            yield run_case(module, stream, sms, shape, m, repeats)
+            yield run_case(module, stream, sms, shape, m, repeats, base)
 
 
 def failed(rows: list[Row]) -> bool:
-    return any(r.get("same_bits") is False for r in rows)
+    entries = [v for r in rows for v in r.values() if isinstance(v, dict)]
+    return any(r.get("same_bits") is False for r in rows) or any(v.get("same_bits_as_base") is False for v in entries)
 
 
 if __name__ == "__main__":
-    sys.exit(kernel_bench_main(__doc__, all_rows, failed))
+    sys.exit(kernel_bench_main(__doc__, all_rows, failed, ab=True))

@@ -32,19 +32,28 @@ def launch_us(stream: Stream, launch: Launch, repeats: int) -> float:
 
 
 def kernel_bench_main(
-    doc: str, rows_of: Callable[[Module, Stream], Iterator[Row]], failed: Callable[[list[Row]], bool]
+    doc: str, rows_of: Callable[..., Iterator[Row]], failed: Callable[[list[Row]], bool], *, ab: bool = False
 ) -> int:
     """Parse --cubin and --out, print each row ``rows_of`` yields as it comes, write them all to --out; exit 2
-    without a usable GPU, 1 where ``failed`` says the rows show a fault (outputs that differ), else 0."""
+    without a usable GPU, 1 where ``failed`` says the rows show a fault (outputs that differ), else 0. With ``ab``,
+    --base-cubin names a second cubin whose kernels ``rows_of`` times and compares beside --cubin's: it is called
+    as rows_of(module, stream, base), base None without the option."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--cubin", type=Path, default=REPO / "cuda" / "build" / "tooltrie.cubin")
     parser.add_argument("--out", type=Path, help="also write the rows as a JSON list")
+    if ab:
+        parser.add_argument("--base-cubin", type=Path, help="time this cubin's kernels too; compare their outputs")
     args = parser.parse_args()
     if gpu_missing():
         return 2
     module, stream = Module(args.cubin), Stream()
+    if ab:
+        base = Module(args.base_cubin) if args.base_cubin else None
+        cases = rows_of(module, stream, base)
+    else:
+        cases = rows_of(module, stream)
     rows = []
-    for row in rows_of(module, stream):
+    for row in cases:
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.out:

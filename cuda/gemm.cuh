@@ -131,12 +131,11 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint3
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// Loads columns 0 .. K - 1 of tokens t0 .. t0 + T - 1 of A (rows a_ld floats apart; zeros past M) four 8-column
-// chunks a thread at a time, splits each into hi and lo bf16 terms and hands them to store(row, chunk, hi, lo), then
-// synchronises.
-template <int T, typename Store>
-__device__ __forceinline__ void gemm_mma_stage_with(const float* __restrict__ A, int t0, int M, int K, int a_ld,
-                                                    Store store) {
+// Stages columns 0 .. K - 1 of tokens t0 .. t0 + T - 1 of A (rows a_ld floats apart; zeros past M) as hi rows at As
+// and lo rows at As + T * ld (ld bf16 apart), four 8-column chunks a thread at a time, then synchronises.
+template <int T>
+__device__ __forceinline__ void gemm_mma_stage(bf16_t* As, const float* __restrict__ A, int t0, int M, int K,
+                                               int a_ld, int ld) {
     const int c8 = K / 8, n = T * c8;
     for (int base = threadIdx.x; base < n; base += 4 * blockDim.x) {
         float4 v[4][2];
@@ -154,46 +153,18 @@ __device__ __forceinline__ void gemm_mma_stage_with(const float* __restrict__ A,
             if (e >= n) continue;
             uint4 hi, lo;
             split_bf16x8(v[i][0], v[i][1], hi, lo);
-            store(r, c, hi, lo);
+            *reinterpret_cast<uint4*>(As + (size_t)r * ld + c * 8) = hi;
+            *reinterpret_cast<uint4*>(As + (size_t)(T + r) * ld + c * 8) = lo;
         }
     }
     __syncthreads();
 }
 
-// Stages the tokens' rows as hi rows at As and lo rows at As + T * ld (ld bf16 apart).
-template <int T>
-__device__ __forceinline__ void gemm_mma_stage(bf16_t* As, const float* __restrict__ A, int t0, int M, int K,
-                                               int a_ld, int ld) {
-    gemm_mma_stage_with<T>(A, t0, M, K, a_ld, [&](int r, int c, const uint4& hi, const uint4& lo) {
-        *reinterpret_cast<uint4*>(As + (size_t)r * ld + c * 8) = hi;
-        *reinterpret_cast<uint4*>(As + (size_t)(T + r) * ld + c * 8) = lo;
-    });
-}
-
-// PAIRS layout (16 tokens): token rows g and g + 8 side by side, word by word, so that one 16-byte load is an mma's
-// A fragment {row g, row g + 8} x {k pair, next k pair} and no register moves assemble it. Pair-row p (0-7 hi, 8-15 lo:
-// rows p and p + 8) holds for each 8-column chunk c the words [c * 8 + 2 i + h] = row p + 8 h's columns 8 c + 2 i,
-// + 1 (bf16 pairs, i = 0..3); pair-rows are ldp words apart (ldp % 32 == 4: the quarter warp's two pair-rows fall in
-// different banks). Stages the tokens' rows into chunks from chunk0 on.
-__device__ __forceinline__ void gemm_mma_stage_pairs(uint32_t* P, const float* __restrict__ A, int t0, int M, int K,
-                                                     int a_ld, int ldp, int chunk0) {
-    gemm_mma_stage_with<16>(A, t0, M, K, a_ld, [&](int r, int c, const uint4& hi, const uint4& lo) {
-        uint32_t* h = P + (size_t)(r % 8) * ldp + (chunk0 + c) * 8 + r / 8;
-        uint32_t* l = h + (size_t)8 * ldp;
-        h[0] = hi.x, h[2] = hi.y, h[4] = hi.z, h[6] = hi.w;
-        l[0] = lo.x, l[2] = lo.y, l[4] = lo.z, l[6] = lo.w;
-    });
-}
-
-// Pair-row stride (words) of the PAIRS layout for K columns: K + 4 (K is a multiple of 32).
-__host__ __device__ __forceinline__ int gemm_mma_pair_stride(int K) { return K + 4; }
-
-template <int T, bool HALVES = false, bool PAIRS = false>
+template <int T, bool HALVES = false>
 __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16_t* __restrict__ W,
                                          const bf16_t* __restrict__ bias, const float* residual, float* C, int M, int N,
                                          int K) {
     static_assert(T == 8 || T == 16, "a block stages one m16 tile of tokens, or its top half");
-    static_assert(!PAIRS || T == 16, "pairs of rows need a whole m16 tile");
     static_assert(GMMA_TILES * 8 * 2 == GMMA_ROWS && 2 * GMMA_KSPLIT == 8,
                   "eight warps: two row halves, four K-quarters");
     extern __shared__ __align__(16) unsigned char gmma_smem[];
@@ -204,61 +175,66 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
     // HALVES: each quarter's steps in two phases of hs steps (whole batches), staged one phase at a time.
     const int hs = HALVES ? ((quarter_steps + 1) / 2 + GMMA_BATCH - 1) / GMMA_BATCH * GMMA_BATCH : quarter_steps;
     const int cols = HALVES ? GMMA_KSPLIT * hs * 32 : K, t0 = blockIdx.x * T;
-    const int ld = PAIRS ? gemm_mma_pair_stride(cols) : gemm_mma_stride(cols);  // words (PAIRS) or bf16
+    const int ld = gemm_mma_stride(cols);
     bf16_t* As = reinterpret_cast<bf16_t*>(gmma_smem);
-    uint32_t* Ps = reinterpret_cast<uint32_t*>(gmma_smem);
-    const size_t staged = PAIRS ? (size_t)16 * ld * sizeof(uint32_t) : (size_t)2 * T * ld * sizeof(bf16_t);
-    float* red = reinterpret_cast<float*>(gmma_smem + staged);  // [quarter][T][GMMA_RED_STRIDE]
+    float* red = reinterpret_cast<float*>(As + (size_t)2 * T * ld);  // [quarter][T][GMMA_RED_STRIDE]
     const int my_steps = max(0, min(quarter_steps, steps - first_step));  // steps first_step .. + my_steps - 1
     const int batches = (quarter_steps + GMMA_BATCH - 1) / GMMA_BATCH;  // the same in every warp
     const int groups = (N + GMMA_ROWS - 1) / GMMA_ROWS;
-    const int my_groups = (int)blockIdx.y < groups ? (groups - 1 - (int)blockIdx.y) / gridDim.y + 1 : 0;
-    const int total = my_groups * batches;  // this warp's weight batches: (row group, batch) in order
-    auto group_of = [&](int i) { return (int)blockIdx.y + (i / batches) * (int)gridDim.y; };
-    // Batch i: this warp's steps j = b * GMMA_BATCH .. of its tiles' rows gid in group group_of(i).
-    auto load = [&](int i, uint4 (&w)[GMMA_BATCH][GMMA_TILES]) {
-        const int b = i % batches, row0 = group_of(i) * GMMA_ROWS + half * (GMMA_ROWS / 2) + gid;
+    // This warp's weight batches: (row group, batch) in order, row groups blockIdx.y, + gridDim.y, ... The loads walk
+    // them with a running cursor, so a batch costs its 16 loads and no address arithmetic past a group's first.
+    const uint4* wrow[GMMA_TILES];  // the tiles' rows gid in the group being loaded, at the batch being loaded
+    int load_b = 0, load_g = blockIdx.y;
+    auto aim = [&](int g) {
+        const int row0 = g * GMMA_ROWS + half * (GMMA_ROWS / 2) + gid;
 #pragma unroll
-        for (int r = 0; r < GMMA_TILES; ++r) {
-            const uint4* wrow = reinterpret_cast<const uint4*>(W + (size_t)min(row0 + r * 8, N - 1) * K) + tig;
+        for (int r = 0; r < GMMA_TILES; ++r)
+            wrow[r] = reinterpret_cast<const uint4*>(W + (size_t)min(row0 + r * 8, N - 1) * K) + tig + first_step * 4;
+    };
+    // The next batch into w, then the cursor on. Lanes past the last batch or step load nothing: no mma reads those
+    // registers (the steps loop stops at my_steps, the batch loop at the last batch).
+    auto load = [&](uint4 (&w)[GMMA_BATCH][GMMA_TILES]) {
+        if (load_g >= groups) return;  // warp-uniform
 #pragma unroll
-            for (int j = 0; j < GMMA_BATCH; ++j) {
-                const int jj = b * GMMA_BATCH + j;
-                w[j][r] = i < total && jj < my_steps ? __ldg(wrow + (first_step + jj) * 4) : make_uint4(0u, 0u, 0u, 0u);
-            }
+        for (int j = 0; j < GMMA_BATCH; ++j) {
+            const int jj = load_b * GMMA_BATCH + j;
+            if (jj < my_steps)
+#pragma unroll
+                for (int r = 0; r < GMMA_TILES; ++r) w[j][r] = __ldg(wrow[r] + j * 4);
+        }
+#pragma unroll
+        for (int r = 0; r < GMMA_TILES; ++r) wrow[r] += GMMA_BATCH * 4;
+        if (++load_b == batches) {
+            load_b = 0;
+            load_g += gridDim.y;
+            if (load_g < groups) aim(load_g);
         }
     };
-    uint4 cur[GMMA_BATCH][GMMA_TILES];
-    load(0, cur);  // weights only: no kernel writes them
+    uint4 w0[GMMA_BATCH][GMMA_TILES] = {}, w1[GMMA_BATCH][GMMA_TILES] = {};
+    if (load_g < groups) aim(load_g);
+    load(w0);  // weights only: no kernel writes them
     // HALVES: phase p's steps of every quarter q, side by side (quarter q's at column q * hs * 32).
     auto stage_phase = [&](int p) {
         for (int q = 0; q < GMMA_KSPLIT; ++q) {
             const int from = q * quarter_steps + p * hs;
             const int n = min(hs, min(quarter_steps, steps - q * quarter_steps) - p * hs);  // may be <= 0
-            if constexpr (PAIRS)
-                gemm_mma_stage_pairs(Ps, A + from * 32, t0, M, max(0, n) * 32, K, ld, q * hs * 4);
-            else
-                gemm_mma_stage<T>(As + q * hs * 32, A + from * 32, t0, M, max(0, n) * 32, K, ld);
+            gemm_mma_stage<T>(As + q * hs * 32, A + from * 32, t0, M, max(0, n) * 32, K, ld);
         }
     };
     pdl_enter();
     if constexpr (HALVES)
         stage_phase(0);
-    else if constexpr (PAIRS)
-        gemm_mma_stage_pairs(Ps, A, t0, M, K, K, ld, 0);
     else
         gemm_mma_stage<T>(As, A, t0, M, K, K, ld);
     const bf16_t* hi_g = As + (size_t)gid * ld + tig * 8;  // this lane's A rows: gid (and gid + 8), hi then lo
     const bf16_t* lo_g = As + (size_t)(T + gid) * ld + tig * 8;
-    const uint4* hi_p = reinterpret_cast<const uint4*>(Ps + (size_t)gid * ld) + tig * 2;  // PAIRS: pair-row gid
-    const uint4* lo_p = reinterpret_cast<const uint4*>(Ps + (size_t)(8 + gid) * ld) + tig * 2;
     float acc[GMMA_TILES][4] = {};
-    for (int i = 0; i < total; ++i) {
-        uint4 next[GMMA_BATCH][GMMA_TILES];
-        load(i + 1, next);
-        const int b = i % batches;
+    int b = 0, g = blockIdx.y;  // the batch being reduced and its row group
+    // Batch (g, b) from cur, with the next batch loaded into spare first.
+    auto reduce = [&](uint4 (&cur)[GMMA_BATCH][GMMA_TILES], uint4 (&spare)[GMMA_BATCH][GMMA_TILES]) {
+        load(spare);
         if constexpr (HALVES) {  // a group's second phase, or a new group after one: every warp has read the rows
-            if (i > 0 && hs < quarter_steps && (b == 0 || b * GMMA_BATCH == hs)) {
+            if ((b > 0 || g != (int)blockIdx.y) && hs < quarter_steps && (b == 0 || b * GMMA_BATCH == hs)) {
                 __syncthreads();
                 stage_phase(b == 0 ? 0 : 1);
             }
@@ -268,20 +244,16 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
             const int jj = b * GMMA_BATCH + j;
             if (jj >= my_steps) break;
             const int col = HALVES ? (quarter * hs + jj - (jj >= hs ? hs : 0)) * 32 : (first_step + jj) * 32;
-            uint4 ha, hb, la, lb;  // the A fragments of the step's two k16 mmas, hi and lo terms
-            if constexpr (PAIRS) {  // each one load
-                ha = hi_p[col / 4], hb = hi_p[col / 4 + 1], la = lo_p[col / 4], lb = lo_p[col / 4 + 1];
-            } else {
-                const uint4 h0 = *reinterpret_cast<const uint4*>(hi_g + col);
-                const uint4 l0 = *reinterpret_cast<const uint4*>(lo_g + col);
-                uint4 h8 = make_uint4(0u, 0u, 0u, 0u), l8 = h8;  // rows gid + 8: none when T == 8
-                if constexpr (T == 16) {
-                    h8 = *reinterpret_cast<const uint4*>(hi_g + 8 * ld + col);
-                    l8 = *reinterpret_cast<const uint4*>(lo_g + 8 * ld + col);
-                }
-                ha = make_uint4(h0.x, h8.x, h0.y, h8.y), hb = make_uint4(h0.z, h8.z, h0.w, h8.w);
-                la = make_uint4(l0.x, l8.x, l0.y, l8.y), lb = make_uint4(l0.z, l8.z, l0.w, l8.w);
+            const uint4 h0 = *reinterpret_cast<const uint4*>(hi_g + col);  // rows gid, hi and lo
+            const uint4 l0 = *reinterpret_cast<const uint4*>(lo_g + col);
+            uint4 h8 = make_uint4(0u, 0u, 0u, 0u), l8 = h8;  // rows gid + 8: none when T == 8
+            if constexpr (T == 16) {
+                h8 = *reinterpret_cast<const uint4*>(hi_g + 8 * ld + col);
+                l8 = *reinterpret_cast<const uint4*>(lo_g + 8 * ld + col);
             }
+            // the A fragments of the step's two k16 mmas, hi and lo terms
+            const uint4 ha = make_uint4(h0.x, h8.x, h0.y, h8.y), hb = make_uint4(h0.z, h8.z, h0.w, h8.w);
+            const uint4 la = make_uint4(l0.x, l8.x, l0.y, l8.y), lb = make_uint4(l0.z, l8.z, l0.w, l8.w);
 #pragma unroll
             for (int r = 0; r < GMMA_TILES; ++r) {
                 const uint4 w = cur[j][r];
@@ -291,36 +263,40 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
                 mma_bf16_16816(acc[r], lb.x, lb.y, lb.z, lb.w, w.z, w.w);
             }
         }
-        if (b == batches - 1) {  // the group's K-quarter partials, then their sums in ascending quarter order
+        if (++b < batches) return;
+        // The group's K-quarter partials, then their sums in ascending quarter order.
 #pragma unroll
-            for (int r = 0; r < GMMA_TILES; ++r)
+        for (int r = 0; r < GMMA_TILES; ++r)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int row = gid + (e / 2) * 8;
-                    if (row < T)
-                        red[(quarter * T + row) * GMMA_RED_STRIDE + half * 32 + r * 8 + tig * 2 + e % 2] = acc[r][e];
-                    acc[r][e] = 0.0f;
-                }
-            __syncthreads();
-            const int n0 = group_of(i) * GMMA_ROWS;
-            for (int idx = threadIdx.x; idx < T * GMMA_ROWS; idx += blockDim.x) {
-                const int row = idx / GMMA_ROWS, c = idx % GMMA_ROWS, t = t0 + row, col = n0 + c;
-                if (t < M && col < N) {
-                    float v = red[row * GMMA_RED_STRIDE + c];
-#pragma unroll
-                    for (int q = 1; q < GMMA_KSPLIT; ++q) v += red[(q * T + row) * GMMA_RED_STRIDE + c];
-                    if (bias) v += bf16_to_float(bias[col]);
-                    const size_t o = (size_t)t * N + col;
-                    if (residual) v += residual[o];
-                    C[o] = v;
-                }
+            for (int e = 0; e < 4; ++e) {
+                const int row = gid + (e / 2) * 8;
+                if (row < T)
+                    red[(quarter * T + row) * GMMA_RED_STRIDE + half * 32 + r * 8 + tig * 2 + e % 2] = acc[r][e];
+                acc[r][e] = 0.0f;
             }
-            __syncthreads();  // red is written again by the next group
+        __syncthreads();
+        const int n0 = g * GMMA_ROWS;
+        for (int idx = threadIdx.x; idx < T * GMMA_ROWS; idx += blockDim.x) {
+            const int row = idx / GMMA_ROWS, c = idx % GMMA_ROWS, t = t0 + row, col = n0 + c;
+            if (t < M && col < N) {
+                float v = red[row * GMMA_RED_STRIDE + c];
+#pragma unroll
+                for (int q = 1; q < GMMA_KSPLIT; ++q) v += red[(q * T + row) * GMMA_RED_STRIDE + c];
+                if (bias) v += bf16_to_float(bias[col]);
+                const size_t o = (size_t)t * N + col;
+                if (residual) v += residual[o];
+                C[o] = v;
+            }
         }
-#pragma unroll
-        for (int j = 0; j < GMMA_BATCH; ++j)
-#pragma unroll
-            for (int r = 0; r < GMMA_TILES; ++r) cur[j][r] = next[j][r];
+        __syncthreads();  // red is written again by the next group
+        b = 0;
+        g += gridDim.y;
+    };
+    // Unrolled by two so that the two batches in registers swap roles instead of being copied.
+    while (g < groups) {
+        reduce(w0, w1);
+        if (g >= groups) break;
+        reduce(w1, w0);
     }
 }
 
@@ -329,13 +305,6 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_mma16_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
                 const float* residual, float* C, int M, int N, int K) {
     gemm_mma<16>(A, W, bias, residual, C, M, N, K);
-}
-
-// gemm_mma16_bf16 with the tokens' rows staged in pairs (PAIRS): the same bits, fewer instructions a step.
-extern "C" __global__ void __launch_bounds__(256, 1)
-gemm_mma16p_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
-                 const float* residual, float* C, int M, int N, int K) {
-    gemm_mma<16, false, true>(A, W, bias, residual, C, M, N, K);
 }
 
 // 16 tokens with each K-quarter's rows staged in two phases, for rows too wide to stage whole (an MLP down row).

@@ -135,12 +135,6 @@ def gemm_mma_shared(tokens: int, k_in: int) -> int:
     return 2 * tokens * stride * 2 + 4 * tokens * GEMM_MMA_RED_STRIDE * F32
 
 
-def gemm_mma_pairs_shared(cols: int) -> int:
-    """Dynamic shared memory of a 16-token GEMM block that stages ``cols`` columns in pairs of rows (PAIRS in
-    cuda/gemm.cuh: 16 pair-rows of cols + 4 words), then the partials."""
-    return 16 * (cols + 4) * 4 + 4 * 16 * GEMM_MMA_RED_STRIDE * F32
-
-
 def gemm_mma_halves_shared(k_in: int) -> int:
     """gemm_mma16h_bf16's dynamic shared memory: 16 tokens' hi and lo rows of one phase (half of each K-quarter's
     steps, rounded up to whole batches, the four quarters side by side), then the partials."""

@@ -20,7 +20,6 @@ from decoder_service.engines.cuda.forward import (
     ATTN_PREFILL_QUERIES,
     SHORT_ATTENTION_POSITIONS,
     gemm_mma_halves_shared,
-    gemm_mma_pairs_shared,
     gemm_mma_shared,
     prefill_attention_shared,
 )
@@ -545,9 +544,6 @@ class FakeDriver:
 
     def k_gemm_mma8_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         self._gemm_mma(a, grid, block, 8, shared, gemm_mma_shared(8, a.K))
-
-    def k_gemm_mma16p_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
-        self._gemm_mma(a, grid, block, 16, shared, gemm_mma_pairs_shared(a.K))
 
     def k_gemm_mma16h_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         self._gemm_mma(a, grid, block, 16, shared, gemm_mma_halves_shared(a.K))

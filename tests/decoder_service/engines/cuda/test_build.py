@@ -58,7 +58,6 @@ def test_cubin_builds_with_every_kernel(product_cubin: Path) -> None:
         "gemm_mma16_bf16",
         "gemm_mma8_bf16",
         "gemm_mma16h_bf16",
-        "gemm_mma16p_bf16",
         "gemm_mma_cluster1_bf16",
         "gemm_mma_cluster2_bf16",
         "gemm_mma_cluster3_bf16",

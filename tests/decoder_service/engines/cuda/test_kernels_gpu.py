@@ -18,7 +18,6 @@ from decoder_service.engines.cuda.forward import (
     ATTN_THREADS,
     GSTREAM_THREADS,
     SHORT_ATTENTION_POSITIONS,
-    gemm_mma_pairs_shared,
     gemm_mma_shared,
     gemm_mma_tokens,
     gemv_groups,
@@ -598,16 +597,6 @@ def test_gemm_mma(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_i
     same = np.array_equal(dev.get(alone, F32, n_out), outs[0][t])
     record("kernel", f"gemm_mma{tokens}/token-alone-bit-identical/{m}x{n_out}x{k_in}", exact=same)
     assert same
-    if tokens == 16:  # the same block with its rows staged in pairs
-        pairs = gemm_mma_pairs_shared(k_in)
-        dev.module.kernel("gemm_mma16p_bf16").set_max_dynamic_shared(pairs)
-        for row_blocks in (groups, max(1, groups // 3)):
-            out = dev.poisoned(m * n_out)
-            args = _gemm_args(xb, wb, bb, rb, out, m, n_out, k_in)
-            dev.launch("gemm_mma16p_bf16", (-(-m // 16), row_blocks, 1), (256, 1, 1), args, pairs)
-            same = np.array_equal(dev.get(out, F32, (m, n_out)).view(np.uint32), outs[0].view(np.uint32))
-            record("kernel", f"gemm_mma16p/bit-identical/{m}x{n_out}x{k_in}/rows{row_blocks}", exact=same)
-            assert same, f"gemm_mma16p_bf16 at {row_blocks} row blocks differs from gemm_mma16_bf16"
 
 
 @pytest.mark.parametrize(
