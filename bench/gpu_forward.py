@@ -290,10 +290,34 @@ def chain_study(stream: Stream, model: CudaModel, positions: list[int]) -> dict[
     return out
 
 
+def first_prefill_ab(stream: Stream, model: CudaModel, prefix: int, sizes: range) -> dict[str, float]:
+    """A suffix's prefill on its shape's first call (a length never prefilled at that position), wall time to the
+    stream's end: the launch list built whole and then launched, against `CudaModel.prefill`, which launches each
+    part as it is built; the two alternated over ``sizes``, medians (docs/cuda-speed-notes.md #145)."""
+    rng = np.random.default_rng(4)
+    times: dict[str, list[float]] = {"built_whole_ms": [], "part_by_part_ms": []}
+    for i, n in enumerate(sizes):
+        ids = rng.integers(0, model.config.vocab_size, n).astype(np.int32)
+        model.length = prefix + 1  # past the study's own prefill at prefix: every (length, position) is new
+        stream.synchronize()
+        t0 = time.perf_counter()
+        if i % 2 == 0:
+            model.tokens.upload(ids, stream)
+            for launch in model._build(n, tokens_ptr=model.tokens.ptr, pos=model.length)[0]:
+                launch(stream)
+        else:
+            model.prefill(ids.tolist())
+        stream.synchronize()
+        times["built_whole_ms" if i % 2 == 0 else "part_by_part_ms"].append((time.perf_counter() - t0) * 1e3)
+    model.length = prefix
+    return {form: float(np.median(v)) for form, v in times.items()}
+
+
 def prefill_study(stream: Stream, model: CudaModel, prefix: int, suffix: int) -> dict[str, object]:
     """Where a request suffix's prefill spends its time: building its launch list on the host, the whole call
-    (launches and wait; the model keeps a shape's launch list after its first prefill), the launch list alone on
-    the GPU (captured once, replayed), and each kernel's share of that (the graph without the kernel's launches)."""
+    (launches and wait; the model keeps a shape's launch list after its first prefill, which launches each layer as
+    soon as it is built), the launch list alone on the GPU (captured once, replayed), and each kernel's share of
+    that (the graph without the kernel's launches)."""
     tokens = np.random.default_rng(2).integers(0, model.config.vocab_size, suffix).astype(np.int32)
     model.tokens.upload(tokens, stream)
     t0 = time.perf_counter()
@@ -322,6 +346,7 @@ def prefill_study(stream: Stream, model: CudaModel, prefix: int, suffix: int) ->
             model.prefill_attention = kernel
     model.length = prefix
     return {
+        "first_call_ab": first_prefill_ab(stream, model, prefix, range(suffix - 10, suffix + 10)),
         "prefix": prefix,
         "suffix": suffix,
         "launches": len(launches),
@@ -602,6 +627,14 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
     lines += handover_probe_lines(b.get("handover_probe", {}))
     pre = b.get("suffix_prefill")
     if pre:
+        ab = pre.get("first_call_ab")
+        first = (
+            f"; a shape's first call, which launches each layer as it is built, {ab['part_by_part_ms']:.1f} ms, "
+            f"against {ab['built_whole_ms']:.1f} with its list built whole, then launched (medians of 10 calls each, "
+            f"suffixes of {pre['suffix'] - 10} to {pre['suffix'] + 9} tokens)"
+            if ab
+            else ""
+        )
         shares = ", ".join(
             f"{label} {part['ms']:.2f} ms ({part['launches']})"
             for label, part in sorted(pre["graph_share_ms"].items(), key=lambda kv: -kv[1]["ms"])
@@ -611,7 +644,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
             f"Prefill of a {pre['suffix']}-token request suffix after a {pre['prefix']}-token prefix: the call takes "
             f"{pre['call_ms_median']:.1f} ms (median of 5 calls of one shape; building its {pre['launches']} "
             f"launches on the host takes {pre['host_build_ms']:.1f} ms, which a model that keeps the shape's launch "
-            f"list skips after the first), the same launches replayed as a graph {pre['graph_ms']:.1f} ms. Each "
+            f"list skips after the first{first}), the same launches replayed as a graph {pre['graph_ms']:.1f} ms. Each "
             f"kernel's share of the graph (launches): {shares}.",
         ]
         if pre.get("graph_ms_with_plain_attention") is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import numpy as np
@@ -565,25 +565,42 @@ class CudaModel:
         CLUSTER_ATTENTION_POSITIONS, else the short one within SHORT_ATTENTION_POSITIONS). Returns the launches and
         the (launch, argument index) pairs that carry the host position.
         """
+        launches: list[Launch] = []
+        pos_args: list[tuple[Launch, int]] = []
+        for part, part_pos_args in self._build_parts(n, tokens_ptr, pos, pos_ptr, head, attention, final_norm):
+            launches += part
+            pos_args += part_pos_args
+        return launches, pos_args
+
+    def _build_parts(
+        self,
+        n: int,
+        tokens_ptr: int,
+        pos: int,
+        pos_ptr: int = 0,
+        head: bool = True,
+        attention: AttentionForm = "global",
+        final_norm: bool = True,
+    ) -> Iterator[tuple[list[Launch], list[tuple[Launch, int]]]]:
+        """``_build``'s launches and position arguments in parts as they are built: the embedding, each layer's,
+        then the tail (so that a caller can launch the first layers while the rest are built)."""
         c, w, k = self.config, self.weights, self.module.kernel
         eps = float(c.rms_norm_eps)
-        launches: list[Launch] = [self._embed(n, tokens_ptr)]
-        pos_args: list[tuple[Launch, int]] = []
+        embed = self._embed(n, tokens_ptr)
         if n == 1 and self.persistent is not None:  # every layer in one launch (cuda/decode_persistent.cuh)
             step = self.persistent.launch(pos_ptr, pos)
-            launches.append(step)
-            pos_args.append((step, 2))
-            launches += self._tail(n, head, final_norm)
-            return launches, pos_args
+            yield [embed, step], [(step, 2)]
+            yield self._tail(n, head, final_norm), []
+            return
+        yield [embed], []
         for i, lw in enumerate(w.layers):
             # Decode (n == 1) fuses each RMSNorm into the GEMV that consumes it and the SwiGLU into the gate|up
             # GEMV that produces it; prefill runs them as separate kernels around the tiled GEMM.
             if n == 1:
                 layer = self._decode_layer(i, pos_ptr, pos, attention)
-                launches += layer
-                pos_args.append((layer[1], 9))  # decode attention's host position
+                yield layer, [(layer[1], 9)]  # decode attention's host position
                 continue
-            launches.append(self._rmsnorm(self.x.ptr, lw.input_norm.ptr, self.xn.ptr, n, eps))
+            launches = [self._rmsnorm(self.x.ptr, lw.input_norm.ptr, self.xn.ptr, n, eps)]
             launches.append(
                 self._gemm(
                     lw.qkv.ptr, self.xn.ptr, _ptr(lw.qkv_bias), 0, self.qkv.ptr, n, self.qkv_width, c.hidden_size
@@ -610,7 +627,6 @@ class CudaModel:
             )
             attn = self._prefill_attention(i, n, pos_ptr, pos)
             launches += [rope, attn]
-            pos_args += [(rope, 6), (attn, 5)]
             total = n * c.intermediate_size
             launches += [
                 self._gemm(lw.o.ptr, self.attn.ptr, 0, self.x.ptr, self.x.ptr, n, c.hidden_size, self.q_width),
@@ -626,8 +642,8 @@ class CudaModel:
                 ),
                 self._gemm(lw.down.ptr, self.act.ptr, 0, self.x.ptr, self.x.ptr, n, c.hidden_size, c.intermediate_size),
             ]
-        launches += self._tail(n, head, final_norm)
-        return launches, pos_args
+            yield launches, [(rope, 6), (attn, 5)]
+        yield self._tail(n, head, final_norm), []
 
     def _tail(self, n: int, head: bool, final_norm: bool) -> list[Launch]:
         """What follows the last layer: the final norm, head and argmax; the final norm alone; or nothing."""
@@ -1034,22 +1050,29 @@ class CudaModel:
         for start in range(0, ids.size, self.max_prefill):
             chunk = ids[start : start + self.max_prefill]
             self.tokens.upload(chunk, self.stream)
-            for launch in self._prefill_launches(chunk.size, self.length):
-                launch(self.stream)
+            self._prefill_launches(chunk.size, self.length, run=True)
             self.length += chunk.size
 
-    def _prefill_launches(self, n: int, pos: int) -> list[Launch]:
+    def _prefill_launches(self, n: int, pos: int, run: bool = False) -> list[Launch]:
         """The launches of a prefill of ``n`` tokens (from ``self.tokens``) at positions pos..pos+n-1, built once
-        and kept for the next prefill of the same shape (they hold no other per-call state)."""
+        and kept for the next prefill of the same shape (they hold no other per-call state); with ``run``, also
+        launched. A shape's first prefill launches each part as soon as it is built, so the GPU runs the first
+        layers while the host builds the rest (about 1-3 ms of Python for a 28-layer model)."""
         key = (n, pos)
         launches = self._prefill_lists.get(key)
-        if launches is None:
-            launches, _ = self._build(n, tokens_ptr=self.tokens.ptr, pos=pos)
-            self._prefill_lists[key] = launches
-            if len(self._prefill_lists) > PREFILL_LISTS_KEPT:
-                self._prefill_lists.popitem(last=False)
-        else:
+        if launches is not None:
             self._prefill_lists.move_to_end(key)
+            for launch in launches if run else ():
+                launch(self.stream)
+            return launches
+        launches = []
+        for part, _ in self._build_parts(n, tokens_ptr=self.tokens.ptr, pos=pos):
+            launches += part
+            for launch in part if run else ():
+                launch(self.stream)
+        self._prefill_lists[key] = launches
+        if len(self._prefill_lists) > PREFILL_LISTS_KEPT:
+            self._prefill_lists.popitem(last=False)
         return launches
 
     def decode(self, token: int | None = None) -> None:

@@ -207,8 +207,8 @@ def test_repeated_prefill_reuses_its_launch_list(fake_driver: FakeDriver, monkey
 
     model = tiny_qwen3_model()
     builds = []
-    build = model._build
-    monkeypatch.setattr(model, "_build", lambda n, **kw: builds.append((n, kw["pos"])) or build(n, **kw))
+    build = model._build_parts
+    monkeypatch.setattr(model, "_build_parts", lambda n, **kw: builds.append((n, kw["pos"])) or build(n, **kw))
 
     def answer(prompt: list[int]) -> tuple[list[float], int]:
         model.reset()
