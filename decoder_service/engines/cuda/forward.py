@@ -11,7 +11,7 @@ import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -548,26 +548,12 @@ class CudaModel:
 
     # -- launch lists -------------------------------------------------------------------------------------
     def _build(
-        self,
-        n: int,
-        tokens_ptr: int,
-        pos: int,
-        pos_ptr: int = 0,
-        head: bool = True,
-        attention: AttentionForm = "global",
-        final_norm: bool = True,
+        self, n: int, tokens_ptr: int, pos: int, **options: Any
     ) -> tuple[list[Launch], list[tuple[Launch, int]]]:
-        """Launches for ``n`` tokens at positions pos..pos+n-1, then the final norm of the last token into
-        ``xn`` (without ``head``, only with ``final_norm``) and, with ``head``, the dense head and argmax.
-
-        ``pos_ptr``: device address of the position (0: the host value ``pos``). ``attention``: the single
-        token's decode attention form (AttentionForm; ``CudaEngine`` takes the cluster form for requests within
-        CLUSTER_ATTENTION_POSITIONS, else the short one within SHORT_ATTENTION_POSITIONS). Returns the launches and
-        the (launch, argument index) pairs that carry the host position.
-        """
+        """``_build_parts``' launches and position arguments, whole."""
         launches: list[Launch] = []
         pos_args: list[tuple[Launch, int]] = []
-        for part, part_pos_args in self._build_parts(n, tokens_ptr, pos, pos_ptr, head, attention, final_norm):
+        for part, part_pos_args in self._build_parts(n, tokens_ptr, pos, **options):
             launches += part
             pos_args += part_pos_args
         return launches, pos_args
@@ -582,8 +568,16 @@ class CudaModel:
         attention: AttentionForm = "global",
         final_norm: bool = True,
     ) -> Iterator[tuple[list[Launch], list[tuple[Launch, int]]]]:
-        """``_build``'s launches and position arguments in parts as they are built: the embedding, each layer's,
-        then the tail (so that a caller can launch the first layers while the rest are built)."""
+        """Launches for ``n`` tokens at positions pos..pos+n-1, then the final norm of the last token into
+        ``xn`` (without ``head``, only with ``final_norm``) and, with ``head``, the dense head and argmax; in parts as
+        they are built (the embedding, each layer's, then the tail), so that a caller can launch the first layers
+        while the rest are built. Each part comes with the (launch, argument index) pairs that carry its host
+        position.
+
+        ``pos_ptr``: device address of the position (0: the host value ``pos``). ``attention``: the single
+        token's decode attention form (AttentionForm; ``CudaEngine`` takes the cluster form for requests within
+        CLUSTER_ATTENTION_POSITIONS, else the short one within SHORT_ATTENTION_POSITIONS).
+        """
         c, w, k = self.config, self.weights, self.module.kernel
         eps = float(c.rms_norm_eps)
         embed = self._embed(n, tokens_ptr)
