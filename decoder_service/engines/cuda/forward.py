@@ -802,7 +802,7 @@ class CudaModel:
 
         Device-pointer form: ``token_ptr`` and ``pos_ptr`` hold the token and its position (a captured graph).
         Host-argument form (both 0): set the embedding's argument 2 to the token and the returned position
-        arguments to the position before each launch. ``attention``: as ``_build`` takes it (the persistent
+        arguments to the position before each launch. ``attention``: as ``_build_parts`` takes it (the persistent
         decode kernel has its own attention and ignores it).
         """
         return self._build(
