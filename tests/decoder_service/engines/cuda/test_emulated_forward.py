@@ -6,6 +6,7 @@ host loop. The kernels' arithmetic itself is checked on the GPU (test_kernels_gp
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import TYPE_CHECKING
 
 import pytest
@@ -224,6 +225,26 @@ def test_repeated_prefill_reuses_its_launch_list(fake_driver: FakeDriver, monkey
         model._prefill_launches(1, pos)
     assert len(model._prefill_lists) == PREFILL_LISTS_KEPT
     assert (1, 0) not in model._prefill_lists and (1, PREFILL_LISTS_KEPT + 2) in model._prefill_lists
+
+
+def test_first_prefill_launches_each_layer_as_it_is_built(
+    fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shape's first prefill puts each layer's kernels on the stream before it builds the next layer's launches,
+    so the GPU runs the first layers while the host builds the rest; the kept list is the same launches."""
+    model = tiny_qwen3_model()
+    launched_before = []  # kernels launched when each layer's attention launch is built
+    build = model._prefill_attention
+    monkeypatch.setattr(
+        model, "_prefill_attention", lambda i, *a: launched_before.append(len(fake_driver.launches)) or build(i, *a)
+    )
+    start = len(fake_driver.launches)
+    model.prefill(prompt_of(model.config, 5))
+    assert len(launched_before) == model.config.num_layers
+    assert launched_before[0] > start  # the embedding went out before layer 0 was built
+    assert all(b > a for a, b in itertools.pairwise(launched_before))
+    kept = model._prefill_lists[(5, 0)]
+    assert len(fake_driver.launches) - start == len(kept)
 
 
 def test_model_rejects_wrong_weight_shape(fake_driver: FakeDriver) -> None:
