@@ -23,6 +23,7 @@ from decoder_service.engines.cuda.gemm_cluster import (
     cluster_grid,
     cluster_max_tokens,
     cluster_plan,
+    gemm_mma_stride,
 )
 from decoder_service.engines.cuda.memory import DeviceBuffer
 from decoder_service.engines.cuda.module import MAX_SHARED_PER_BLOCK, Launch, Module
@@ -131,8 +132,7 @@ PREFILL_LISTS_KEPT = 64
 def gemm_mma_shared(tokens: int, k_in: int) -> int:
     """Dynamic shared memory of a tensor-core prefill GEMM block (cuda/gemm.cuh): its tokens' hi and lo bf16 rows,
     each padded to gemm_mma_stride, then a row group's four K-quarter partials (GMMA_RED_STRIDE floats a token)."""
-    stride = k_in + (96 - k_in % 64) % 64
-    return 2 * tokens * stride * 2 + 4 * tokens * GEMM_MMA_RED_STRIDE * F32
+    return 2 * tokens * gemm_mma_stride(k_in) * 2 + 4 * tokens * GEMM_MMA_RED_STRIDE * F32
 
 
 def gemm_mma_halves_shared(k_in: int) -> int:
@@ -141,7 +141,7 @@ def gemm_mma_halves_shared(k_in: int) -> int:
     quarter_steps = math.ceil(k_in // 32 / 4)
     phase_steps = math.ceil(math.ceil(quarter_steps / 2) / GEMM_MMA_BATCH) * GEMM_MMA_BATCH
     cols = 4 * phase_steps * 32
-    return 2 * 16 * (cols + (96 - cols % 64) % 64) * 2 + 4 * 16 * GEMM_MMA_RED_STRIDE * F32
+    return 2 * 16 * gemm_mma_stride(cols) * 2 + 4 * 16 * GEMM_MMA_RED_STRIDE * F32
 
 
 def gemm_mma_kernel(k_in: int, m: int = 0, halves_tokens: int = 0) -> tuple[str, int, int]:

@@ -32,10 +32,15 @@ class ClusterPlan:
     shared: int
 
 
+def gemm_mma_stride(cols: int) -> int:
+    """Row stride (bf16) of ``cols`` staged columns of a tensor-core GEMM's tokens (gemm_mma_stride in
+    cuda/gemm.cuh): 32 more than a multiple of 64, so the two rows a quarter warp reads fall in different banks."""
+    return cols + (96 - cols % 64) % 64
+
+
 def quarter_stride(k_in: int) -> int:
     """Row stride (bf16) of a block's staged quarter: gemm_mma_stride of the quarter's columns."""
-    cols = -(-(k_in // 32) // CLUSTER_BLOCKS) * 32
-    return cols + (96 - cols % 64) % 64
+    return gemm_mma_stride(-(-(k_in // 32) // CLUSTER_BLOCKS) * 32)
 
 
 def cluster_shared(tiles: int, k_in: int, depth: int) -> int:

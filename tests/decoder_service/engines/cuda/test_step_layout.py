@@ -57,6 +57,10 @@ def test_tensor_core_gemm_layout_matches_the_kernel() -> None:
     assert (macros["GMMA_ROWS"], macros["GMMA_RED_STRIDE"]) == (forward.GEMM_MMA_ROWS, forward.GEMM_MMA_RED_STRIDE)
     assert macros["GMMA_KSPLIT"] == 4  # gemm_mma_shared's four K-quarter partials
     assert macros["GMMA_BATCH"] == forward.GEMM_MMA_BATCH  # gemm_mma_halves_shared's phases: whole batches
+    # the hosts' gemm_mma_stride (gemm_mma_shared, gemm_mma_halves_shared, the cluster GEMM's quarter_stride)
+    assert "gemm_mma_stride(int K) { return K + (96 - K % 64) % 64; }" in (CUDA_DIR / "gemm.cuh").read_text()
+    for cols in range(32, 6145, 32):  # 32 more than a multiple of 64, the fewest columns added
+        assert gemm_cluster.gemm_mma_stride(cols) % 64 == 32 and 0 <= gemm_cluster.gemm_mma_stride(cols) - cols < 64
 
 
 def test_cluster_gemm_layout_matches_the_kernel() -> None:
