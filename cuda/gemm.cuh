@@ -131,6 +131,17 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint3
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// One 32-column step of a tile (the column map: gemm_mma's comment): d += the lane's token rows gid (h0, l0) and
+// gid + 8 (h8, l8), hi terms then lo, times the tile's weights w, the step's first k16 and then its second. This
+// order fixes every tensor-core GEMM's bits; gemm_mma_cluster takes it too.
+__device__ __forceinline__ void gemm_mma_step(float (&d)[4], const uint4& h0, const uint4& h8, const uint4& l0,
+                                              const uint4& l8, const uint4& w) {
+    mma_bf16_16816(d, h0.x, h8.x, h0.y, h8.y, w.x, w.y);
+    mma_bf16_16816(d, l0.x, l8.x, l0.y, l8.y, w.x, w.y);
+    mma_bf16_16816(d, h0.z, h8.z, h0.w, h8.w, w.z, w.w);
+    mma_bf16_16816(d, l0.z, l8.z, l0.w, l8.w, w.z, w.w);
+}
+
 // Stages columns 0 .. K - 1 of tokens t0 .. t0 + T - 1 of A (rows a_ld floats apart; zeros past M) as hi rows at As
 // and lo rows at As + T * ld (ld bf16 apart), four 8-column chunks a thread at a time, then synchronises.
 template <int T>
@@ -251,17 +262,8 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
                 h8 = *reinterpret_cast<const uint4*>(hi_g + 8 * ld + col);
                 l8 = *reinterpret_cast<const uint4*>(lo_g + 8 * ld + col);
             }
-            // the A fragments of the step's two k16 mmas, hi and lo terms
-            const uint4 ha = make_uint4(h0.x, h8.x, h0.y, h8.y), hb = make_uint4(h0.z, h8.z, h0.w, h8.w);
-            const uint4 la = make_uint4(l0.x, l8.x, l0.y, l8.y), lb = make_uint4(l0.z, l8.z, l0.w, l8.w);
 #pragma unroll
-            for (int r = 0; r < GMMA_TILES; ++r) {
-                const uint4 w = cur[j][r];
-                mma_bf16_16816(acc[r], ha.x, ha.y, ha.z, ha.w, w.x, w.y);
-                mma_bf16_16816(acc[r], la.x, la.y, la.z, la.w, w.x, w.y);
-                mma_bf16_16816(acc[r], hb.x, hb.y, hb.z, hb.w, w.z, w.w);
-                mma_bf16_16816(acc[r], lb.x, lb.y, lb.z, lb.w, w.z, w.w);
-            }
+            for (int r = 0; r < GMMA_TILES; ++r) gemm_mma_step(acc[r], h0, h8, l0, l8, cur[j][r]);
         }
         if (++b < batches) return;
         // The group's K-quarter partials, then their sums in ascending quarter order.

@@ -106,12 +106,7 @@ __device__ __forceinline__ void gemm_mma_cluster(const float* __restrict__ A, co
                     const uint4 h8 = *reinterpret_cast<const uint4*>(hi_g + at + 8 * ld);
                     const uint4 l8 = *reinterpret_cast<const uint4*>(lo_g + at + 8 * ld);
 #pragma unroll
-                    for (int r = 0; r < GMMA_TILES; ++r) {
-                        mma_bf16_16816(acc[tt][r], h0.x, h8.x, h0.y, h8.y, w[r].x, w[r].y);
-                        mma_bf16_16816(acc[tt][r], l0.x, l8.x, l0.y, l8.y, w[r].x, w[r].y);
-                        mma_bf16_16816(acc[tt][r], h0.z, h8.z, h0.w, h8.w, w[r].z, w[r].w);
-                        mma_bf16_16816(acc[tt][r], l0.z, l8.z, l0.w, l8.w, w[r].z, w[r].w);
-                    }
+                    for (int r = 0; r < GMMA_TILES; ++r) gemm_mma_step(acc[tt][r], h0, h8, l0, l8, w[r]);
                 }
             }
             copy(g + depth);  // the slot's values went into the mmas above: its loads are done
