@@ -1,18 +1,20 @@
 """Prefill GEMMs alone: the tensor-core kernels on the Qwen3-1.7B shape's four projections (qkv, o, gate|up, down),
 for request suffixes of 16 to 128 tokens and a 512-token prompt chunk, with the grid and shared memory the model
-gives them: gemm_mma16_bf16 (gemm_mma8_bf16 for the down rows, and beside it gemm_mma16h_bf16, 16 tokens with
-each K-quarter staged in two phases: docs/cuda-speed-notes.md #142) beside the cluster GEMM (cuda/gemm_cluster.cuh,
-#141: each weight read once by a cluster of four blocks), their outputs compared word for word.
+gives them: gemm_mma16_bf16 (gemm_mma8_bf16 for the down rows) in each of its row-group forms (64 rows, r32 and r128:
+docs/cuda-speed-notes.md #148), gemm_mma16h_bf16 for the down rows (16 tokens with each K-quarter staged in two
+phases, #142) and the cluster GEMM (cuda/gemm_cluster.cuh, #141: each weight read once by a cluster of four
+blocks), their outputs compared word for word; `engine` names the kernel the model launches for the case.
 
 Each case fills random bf16 weights and fp32 inputs and times repeated launches of one shape on one stream (wall
-time over the launches, after one warm-up). On a GPU machine:
+time over the launches, after one warm-up), every kernel once a round, the faster of two rounds kept. On a GPU
+machine:
 
     PYTHONPATH=. python3 bench/gpu_prefill_gemm.py [--out FILE] [--base-cubin OLD.cubin]
 
 Prints one JSON object a case: µs a launch and the weight bytes over that time for each kernel, and whether the
 other kernels' outputs matched the first's; with --base-cubin, also each gemm_mma kernel of that cubin, launched
-right after the same kernel of --cubin on the same inputs, its µs (base_us) and whether its output has the same
-bits (same_bits_as_base). Exits 1 if any outputs differ.
+right after the same kernel of --cubin on the same inputs (kernels that cubin lacks are skipped), its µs (base_us)
+and whether its output has the same bits (same_bits_as_base). Exits 1 if any outputs differ.
 """
 
 from __future__ import annotations
@@ -27,8 +29,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.kernel_bench import Row, kernel_bench_main, launch_us  # noqa: E402
-from decoder_service.engines.cuda.driver import Stream, multiprocessor_count  # noqa: E402
-from decoder_service.engines.cuda.forward import gemm_mma_grid, gemm_mma_kernel  # noqa: E402
+from decoder_service.engines.cuda.driver import CudaError, Stream, multiprocessor_count  # noqa: E402
+from decoder_service.engines.cuda.forward import (  # noqa: E402
+    GEMM_HALVES_TOKENS,
+    GEMM_MMA_ROW_FORMS,
+    MAX_SHARED_PER_BLOCK,
+    gemm_mma_grid,
+    gemm_mma_kernel,
+    gemm_mma_launch,
+    gemm_mma_row_kernel,
+    gemm_mma_shared,
+)
 from decoder_service.engines.cuda.gemm_cluster import cluster_grid, cluster_plan  # noqa: E402
 from decoder_service.engines.cuda.module import Launch, Module  # noqa: E402
 from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random  # noqa: E402
@@ -37,6 +48,7 @@ from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random  
 SHAPES = (("qkv", 4096, 2048), ("o", 2048, 2048), ("gate_up", 12288, 2048), ("down", 2048, 6144))
 CASES = ((16, 20), (36, 20), (64, 20), (128, 10), (512, 5))  # (tokens, timed launches)
 THREADS = 256
+ROUNDS = 2  # each kernel's time: the faster of this many rounds
 
 
 def run_case(
@@ -48,15 +60,23 @@ def run_case(
     w_bits = bf16_random(rng, (n_out, k_in), 0.05)[0]
     x = rng.standard_normal((m, k_in)).astype(np.float32)
     wb, xb = dev.put(w_bits), dev.put(x)
-    row: dict[str, object] = {"shape": name, "tokens": m}
+    engine = gemm_mma_launch(k_in, m, n_out, sms, GEMM_HALVES_TOKENS)
+    row: dict[str, object] = {"shape": name, "tokens": m, "engine": engine.kernel if engine else None}
     outputs = []
     base_args = [("ptr", xb.ptr), ("ptr", wb.ptr), ("ptr", 0), ("ptr", 0)]
     sizes = [("i32", m), ("i32", n_out), ("i32", k_in)]
     launches = []  # (kernel, its module, output buffer, launch)
-    forms = [gemm_mma_kernel(k_in), gemm_mma_kernel(k_in, m, m)]
-    for kernel, tokens, shared in dict.fromkeys(forms):
-        grid = gemm_mma_grid(m, n_out, tokens, sms)
-        for mod in (module, base) if base is not None else (module,):
+    tokens = gemm_mma_kernel(k_in)[1]
+    forms = []  # (kernel, shared, grid): each row-group form that fits, then the halves form where it applies
+    for rows in GEMM_MMA_ROW_FORMS:
+        if gemm_mma_shared(tokens, k_in, rows) <= MAX_SHARED_PER_BLOCK:
+            grid = gemm_mma_grid(m, n_out, tokens, sms, rows)
+            forms.append((gemm_mma_row_kernel(tokens, rows), gemm_mma_shared(tokens, k_in, rows), grid))
+    halves, halves_tokens, halves_shared = gemm_mma_kernel(k_in, m, m)
+    if halves == "gemm_mma16h_bf16":
+        forms.append((halves, halves_shared, gemm_mma_grid(m, n_out, halves_tokens, sms)))
+    for kernel, shared, grid in forms:
+        for mod in (module, base) if base is not None and has_kernel(base, kernel) else (module,):
             mod.kernel(kernel).set_max_dynamic_shared(shared)
             out = dev.poisoned(m * n_out)
             args = [*base_args, ("ptr", out.ptr), *sizes]
@@ -70,8 +90,12 @@ def run_case(
         out = dev.poisoned(m * n_out)
         args = [*base_args, ("ptr", out.ptr), *sizes, ("i32", plan.depth)]
         launches.append((plan.kernel, module, out, Launch(cluster, grid, (THREADS, 1, 1), args, plan.shared)))
-    for kernel, mod, out, launch in launches:
-        us = launch_us(stream, launch, repeats)
+    times: list[list[float]] = [[] for _ in launches]
+    for _ in range(ROUNDS):  # every kernel once a round, so drift between rounds falls on all of them
+        for spent, (_, _, _, launch) in zip(times, launches, strict=True):
+            spent.append(launch_us(stream, launch, repeats))
+    for spent, (kernel, mod, out, launch) in zip(times, launches, strict=True):
+        us = min(spent)
         bits = dev.get(out, np.float32, m * n_out).view(np.uint32)
         if mod is base:  # the base cubin's kernel, launched just after the same kernel of --cubin
             entry = row[kernel]
@@ -86,6 +110,14 @@ def run_case(
         row["same_bits"] = all(np.array_equal(outputs[0], o) for o in outputs[1:])
     dev.free()
     return row
+
+
+def has_kernel(module: Module, name: str) -> bool:
+    try:
+        module.kernel(name)
+    except CudaError:
+        return False
+    return True
 
 
 def all_rows(module: Module, stream: Stream, base: Module | None = None) -> Iterator[Row]:

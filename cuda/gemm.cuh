@@ -73,23 +73,27 @@ gemm_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_
 // bits (relative error about 2^-17), against 8 for a plain bf16 cast; the sums are the tensor core's fp32 sums.
 //
 // Layout: block (tg, rb) stages tokens tg * T .. tg * T + T - 1 (zeros past M) in shared memory as hi and lo rows,
-// then takes row groups rb, rb + gridDim.y, ... of 64 output rows. Warp w owns half w % 2 of a group's rows (four
-// n8 tiles, so each A fragment read from shared memory feeds four tiles) and quarter w / 2 of K's 32-column steps
+// then takes row groups rb, rb + gridDim.y, ... of ROWS = 16 * TILES output rows. Warp w owns half w % 2 of a group's
+// rows (TILES n8 tiles, so each A fragment read from shared memory feeds TILES tiles) and quarter w / 2 of K's steps
 // (ceil(steps / 4) consecutive steps each, so a warp streams its rows contiguously). In step s lane (gid, tig) =
 // (lane / 4, lane % 4) loads 16 bytes of each tile's weight row gid, columns 32 s + 8 tig .. + 7, which feed two
 // k16 mmas: the mma's logical k = 2 tig + e and 8 + 2 tig + e (e = 0, 1) stand for columns 32 s + 8 tig + 4 h + e
 // and + 2 + e in the h-th of them. The same map holds for A's fragments, so every column is summed once. A group's
 // four K-quarters are then added in ascending order through shared memory.
-// Weights are requested GMMA_BATCH steps ahead, across row groups, the first batch before the wait (a second
-// batch in flight through shared memory measured slower: docs/cuda-speed-notes.md #140).
+// Weights are requested BATCH steps ahead, across row groups, the first batch before the wait (a second batch in
+// flight through shared memory measured slower: docs/cuda-speed-notes.md #140).
+// Rows a group: 64 (TILES 4, BATCH 4), or 32 (TILES 2) and 128 (TILES 8, BATCH 2: the same bytes in flight). On an
+// H100 a block takes about 0.65 times as long for a group of 32 rows as for 64, and 1.8 times for 128
+// (docs/cuda-speed-notes.md #148): a step's fragment loads and latencies come whatever the tiles, so the host takes
+// 32 where the grid has blocks to spare and 128 where blocks take several groups each. A tile's chain of mmas is the
+// same in every form: the same bits.
 // Deterministic: an output element is a fixed sum of four chains of mmas in ascending steps, whatever the grid; and
 // an mma's row does not depend on the other rows of its tile, so a token's results do not depend on the tokens
 // beside it (prefill chunks give the same bits). Requires K % 32 == 0. Dynamic shared memory: gemm_mma_shared().
-#define GMMA_ROWS 64         // output rows of a row group
-#define GMMA_TILES 4         // n8 tiles a warp owns: half of a group's rows
+#define GMMA_TILES 4         // n8 tiles a warp owns in the 64-row form: half of a group's rows
 #define GMMA_KSPLIT 4        // warps that share a row half, each taking a quarter of K's steps
-#define GMMA_BATCH 4         // steps of weights a lane keeps in flight (GMMA_TILES loads of 16 bytes each)
-#define GMMA_RED_STRIDE 68   // floats per token row of the K-quarter partials (64 rows + 4: no bank conflicts)
+#define GMMA_BATCH 4         // steps of weights a lane keeps in flight in the 64-row form (4 loads of 16 bytes each)
+#define GMMA_RED_PAD 4       // floats past a group's rows in a token row of the partials (no bank conflicts)
 
 // Row stride of the staged tokens, in bf16: K rounded so that it is 32 more than a multiple of 64, which puts the
 // two rows that a quarter warp reads together in different halves of the banks.
@@ -171,57 +175,57 @@ __device__ __forceinline__ void gemm_mma_stage(bf16_t* As, const float* __restri
     __syncthreads();
 }
 
-template <int T, bool HALVES = false>
+template <int T, bool HALVES = false, int TILES = GMMA_TILES, int BATCH = GMMA_BATCH>
 __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16_t* __restrict__ W,
                                          const bf16_t* __restrict__ bias, const float* residual, float* C, int M, int N,
                                          int K) {
     static_assert(T == 8 || T == 16, "a block stages one m16 tile of tokens, or its top half");
-    static_assert(GMMA_TILES * 8 * 2 == GMMA_ROWS && 2 * GMMA_KSPLIT == 8,
-                  "eight warps: two row halves, four K-quarters");
+    static_assert(2 * GMMA_KSPLIT == 8, "eight warps: two row halves, four K-quarters");
+    constexpr int ROWS = TILES * 16, RED = ROWS + GMMA_RED_PAD;  // a group's rows; floats a token row of partials
     extern __shared__ __align__(16) unsigned char gmma_smem[];
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, gid = lane / 4, tig = lane % 4;
     const int half = warp % 2, quarter = warp / 2;
     const int steps = K / 32;
     const int quarter_steps = (steps + GMMA_KSPLIT - 1) / GMMA_KSPLIT, first_step = quarter * quarter_steps;
     // HALVES: each quarter's steps in two phases of hs steps (whole batches), staged one phase at a time.
-    const int hs = HALVES ? ((quarter_steps + 1) / 2 + GMMA_BATCH - 1) / GMMA_BATCH * GMMA_BATCH : quarter_steps;
+    const int hs = HALVES ? ((quarter_steps + 1) / 2 + BATCH - 1) / BATCH * BATCH : quarter_steps;
     const int cols = HALVES ? GMMA_KSPLIT * hs * 32 : K, t0 = blockIdx.x * T;
     const int ld = gemm_mma_stride(cols);
     bf16_t* As = reinterpret_cast<bf16_t*>(gmma_smem);
-    float* red = reinterpret_cast<float*>(As + (size_t)2 * T * ld);  // [quarter][T][GMMA_RED_STRIDE]
+    float* red = reinterpret_cast<float*>(As + (size_t)2 * T * ld);  // [quarter][T][RED]
     const int my_steps = max(0, min(quarter_steps, steps - first_step));  // steps first_step .. + my_steps - 1
-    const int batches = (quarter_steps + GMMA_BATCH - 1) / GMMA_BATCH;  // the same in every warp
-    const int groups = (N + GMMA_ROWS - 1) / GMMA_ROWS;
+    const int batches = (quarter_steps + BATCH - 1) / BATCH;  // the same in every warp
+    const int groups = (N + ROWS - 1) / ROWS;
     // This warp's weight batches: (row group, batch) in order, row groups blockIdx.y, + gridDim.y, ... The loads walk
-    // them with a running cursor, so a batch costs its 16 loads and no address arithmetic past a group's first.
-    const uint4* wrow[GMMA_TILES];  // the tiles' rows gid in the group being loaded, at the batch being loaded
+    // them with a running cursor, so a batch costs its loads and no address arithmetic past a group's first.
+    const uint4* wrow[TILES];  // the tiles' rows gid in the group being loaded, at the batch being loaded
     int load_b = 0, load_g = blockIdx.y;
     auto aim = [&](int g) {
-        const int row0 = g * GMMA_ROWS + half * (GMMA_ROWS / 2) + gid;
+        const int row0 = g * ROWS + half * (TILES * 8) + gid;
 #pragma unroll
-        for (int r = 0; r < GMMA_TILES; ++r)
+        for (int r = 0; r < TILES; ++r)
             wrow[r] = reinterpret_cast<const uint4*>(W + (size_t)min(row0 + r * 8, N - 1) * K) + tig + first_step * 4;
     };
     // The next batch into w, then the cursor on. Lanes past the last batch or step load nothing: no mma reads those
     // registers (the steps loop stops at my_steps, the batch loop at the last batch).
-    auto load = [&](uint4 (&w)[GMMA_BATCH][GMMA_TILES]) {
+    auto load = [&](uint4 (&w)[BATCH][TILES]) {
         if (load_g >= groups) return;  // warp-uniform
 #pragma unroll
-        for (int j = 0; j < GMMA_BATCH; ++j) {
-            const int jj = load_b * GMMA_BATCH + j;
+        for (int j = 0; j < BATCH; ++j) {
+            const int jj = load_b * BATCH + j;
             if (jj < my_steps)
 #pragma unroll
-                for (int r = 0; r < GMMA_TILES; ++r) w[j][r] = __ldg(wrow[r] + j * 4);
+                for (int r = 0; r < TILES; ++r) w[j][r] = __ldg(wrow[r] + j * 4);
         }
 #pragma unroll
-        for (int r = 0; r < GMMA_TILES; ++r) wrow[r] += GMMA_BATCH * 4;
+        for (int r = 0; r < TILES; ++r) wrow[r] += BATCH * 4;
         if (++load_b == batches) {
             load_b = 0;
             load_g += gridDim.y;
             if (load_g < groups) aim(load_g);
         }
     };
-    uint4 w0[GMMA_BATCH][GMMA_TILES] = {}, w1[GMMA_BATCH][GMMA_TILES] = {};
+    uint4 w0[BATCH][TILES] = {}, w1[BATCH][TILES] = {};
     if (load_g < groups) aim(load_g);
     load(w0);  // weights only: no kernel writes them
     // HALVES: phase p's steps of every quarter q, side by side (quarter q's at column q * hs * 32).
@@ -239,20 +243,20 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
         gemm_mma_stage<T>(As, A, t0, M, K, K, ld);
     const bf16_t* hi_g = As + (size_t)gid * ld + tig * 8;  // this lane's A rows: gid (and gid + 8), hi then lo
     const bf16_t* lo_g = As + (size_t)(T + gid) * ld + tig * 8;
-    float acc[GMMA_TILES][4] = {};
+    float acc[TILES][4] = {};
     int b = 0, g = blockIdx.y;  // the batch being reduced and its row group
     // Batch (g, b) from cur, with the next batch loaded into spare first.
-    auto reduce = [&](uint4 (&cur)[GMMA_BATCH][GMMA_TILES], uint4 (&spare)[GMMA_BATCH][GMMA_TILES]) {
+    auto reduce = [&](uint4 (&cur)[BATCH][TILES], uint4 (&spare)[BATCH][TILES]) {
         load(spare);
         if constexpr (HALVES) {  // a group's second phase, or a new group after one: every warp has read the rows
-            if ((b > 0 || g != (int)blockIdx.y) && hs < quarter_steps && (b == 0 || b * GMMA_BATCH == hs)) {
+            if ((b > 0 || g != (int)blockIdx.y) && hs < quarter_steps && (b == 0 || b * BATCH == hs)) {
                 __syncthreads();
                 stage_phase(b == 0 ? 0 : 1);
             }
         }
 #pragma unroll
-        for (int j = 0; j < GMMA_BATCH; ++j) {
-            const int jj = b * GMMA_BATCH + j;
+        for (int j = 0; j < BATCH; ++j) {
+            const int jj = b * BATCH + j;
             if (jj >= my_steps) break;
             const int col = HALVES ? (quarter * hs + jj - (jj >= hs ? hs : 0)) * 32 : (first_step + jj) * 32;
             const uint4 h0 = *reinterpret_cast<const uint4*>(hi_g + col);  // rows gid, hi and lo
@@ -263,27 +267,27 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
                 l8 = *reinterpret_cast<const uint4*>(lo_g + 8 * ld + col);
             }
 #pragma unroll
-            for (int r = 0; r < GMMA_TILES; ++r) gemm_mma_step(acc[r], h0, h8, l0, l8, cur[j][r]);
+            for (int r = 0; r < TILES; ++r) gemm_mma_step(acc[r], h0, h8, l0, l8, cur[j][r]);
         }
         if (++b < batches) return;
         // The group's K-quarter partials, then their sums in ascending quarter order.
 #pragma unroll
-        for (int r = 0; r < GMMA_TILES; ++r)
+        for (int r = 0; r < TILES; ++r)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int row = gid + (e / 2) * 8;
                 if (row < T)
-                    red[(quarter * T + row) * GMMA_RED_STRIDE + half * 32 + r * 8 + tig * 2 + e % 2] = acc[r][e];
+                    red[(quarter * T + row) * RED + half * TILES * 8 + r * 8 + tig * 2 + e % 2] = acc[r][e];
                 acc[r][e] = 0.0f;
             }
         __syncthreads();
-        const int n0 = g * GMMA_ROWS;
-        for (int idx = threadIdx.x; idx < T * GMMA_ROWS; idx += blockDim.x) {
-            const int row = idx / GMMA_ROWS, c = idx % GMMA_ROWS, t = t0 + row, col = n0 + c;
+        const int n0 = g * ROWS;
+        for (int idx = threadIdx.x; idx < T * ROWS; idx += blockDim.x) {
+            const int row = idx / ROWS, c = idx % ROWS, t = t0 + row, col = n0 + c;
             if (t < M && col < N) {
-                float v = red[row * GMMA_RED_STRIDE + c];
+                float v = red[row * RED + c];
 #pragma unroll
-                for (int q = 1; q < GMMA_KSPLIT; ++q) v += red[(q * T + row) * GMMA_RED_STRIDE + c];
+                for (int q = 1; q < GMMA_KSPLIT; ++q) v += red[(q * T + row) * RED + c];
                 if (bias) v += bf16_to_float(bias[col]);
                 const size_t o = (size_t)t * N + col;
                 if (residual) v += residual[o];
@@ -320,4 +324,30 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_mma8_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
                const float* residual, float* C, int M, int N, int K) {
     gemm_mma<8>(A, W, bias, residual, C, M, N, K);
+}
+
+// Row groups of 32 (two n8 tiles a warp), for grids with blocks to spare; of 128 (eight tiles, two steps a batch), for
+// grids whose blocks take several groups each.
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_mma16r32_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
+                   const float* residual, float* C, int M, int N, int K) {
+    gemm_mma<16, false, 2>(A, W, bias, residual, C, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_mma8r32_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
+                  const float* residual, float* C, int M, int N, int K) {
+    gemm_mma<8, false, 2>(A, W, bias, residual, C, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_mma16r128_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
+                    const float* residual, float* C, int M, int N, int K) {
+    gemm_mma<16, false, 8, 2>(A, W, bias, residual, C, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+gemm_mma8r128_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
+                   const float* residual, float* C, int M, int N, int K) {
+    gemm_mma<8, false, 8, 2>(A, W, bias, residual, C, M, N, K);
 }

@@ -7,11 +7,10 @@ from device memory (the previous step's argmax), so the same list can later be c
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -84,8 +83,15 @@ GEMM_TILE = 64  # GEMM_BM == GEMM_BN in cuda/gemm.cuh
 # (8 where 16 rows of its input do not fit shared memory) and takes row groups of 64 output rows; one block per SM.
 GEMM_MMA_ROWS = 64
 GEMM_MMA_TOKENS = (16, 8)
-GEMM_MMA_RED_STRIDE = 68
-GEMM_MMA_BATCH = 4  # GMMA_BATCH: steps of 32 columns a warp's batch of weights covers
+GEMM_MMA_RED_PAD = 4  # GMMA_RED_PAD: floats past a group's rows in a token row of the K-quarter partials
+GEMM_MMA_BATCH = 4  # GMMA_BATCH: steps of 32 columns a warp's batch of weights covers (the 64-row form)
+# The same kernels with row groups of 32 and 128 rows (gemm_mma16r32_bf16, gemm_mma8r128_bf16, ...; the same bits):
+# rows a group -> (the kernel name's suffix, a block's time for one group against the 64-row form's, measured on
+# an H100 at 512 tokens: docs/cuda-speed-notes.md #148). gemm_mma_rows picks the form whose busiest block finishes
+# first by these costs; $TOOLTRIE_GEMM_ROWS=32, 64 or 128 takes that form wherever its shared memory fits (0, the
+# default: the choice).
+GEMM_MMA_ROW_FORMS = {32: ("r32", 0.65), 64: ("", 1.0), 128: ("r128", 1.8)}
+GEMM_ROWS_ENV = "TOOLTRIE_GEMM_ROWS"
 # gemm_mma16h_bf16 stages 16 tokens where gemm_mma8_bf16 stages 8, each K-quarter's rows in two phases (the same
 # bits). It takes prefills of 17 to GEMM_HALVES_TOKENS tokens ($TOOLTRIE_GEMM_HALVES_TOKENS; 0: none): on an H200
 # it was faster there and slower at 16 tokens (one token group leaves the down rows 32 blocks, where gemm_mma8_bf16's
@@ -129,10 +135,11 @@ GEMV_IN_PLAIN, GEMV_IN_RMSNORM = 0, 1  # input transforms of cuda/gemv.cuh
 PREFILL_LISTS_KEPT = 64
 
 
-def gemm_mma_shared(tokens: int, k_in: int) -> int:
-    """Dynamic shared memory of a tensor-core prefill GEMM block (cuda/gemm.cuh): its tokens' hi and lo bf16 rows,
-    each padded to gemm_mma_stride, then a row group's four K-quarter partials (GMMA_RED_STRIDE floats a token)."""
-    return 2 * tokens * gemm_mma_stride(k_in) * 2 + 4 * tokens * GEMM_MMA_RED_STRIDE * F32
+def gemm_mma_shared(tokens: int, k_in: int, rows: int = GEMM_MMA_ROWS) -> int:
+    """Dynamic shared memory of a tensor-core prefill GEMM block (cuda/gemm.cuh) with row groups of ``rows``: its
+    tokens' hi and lo bf16 rows, each padded to gemm_mma_stride, then a row group's four K-quarter partials (rows +
+    GMMA_RED_PAD floats a token)."""
+    return 2 * tokens * gemm_mma_stride(k_in) * 2 + 4 * tokens * (rows + GEMM_MMA_RED_PAD) * F32
 
 
 def gemm_mma_halves_shared(k_in: int) -> int:
@@ -141,7 +148,7 @@ def gemm_mma_halves_shared(k_in: int) -> int:
     quarter_steps = math.ceil(k_in // 32 / 4)
     phase_steps = math.ceil(math.ceil(quarter_steps / 2) / GEMM_MMA_BATCH) * GEMM_MMA_BATCH
     cols = 4 * phase_steps * 32
-    return 2 * 16 * gemm_mma_stride(cols) * 2 + 4 * 16 * GEMM_MMA_RED_STRIDE * F32
+    return 2 * 16 * gemm_mma_stride(cols) * 2 + 4 * 16 * (GEMM_MMA_ROWS + GEMM_MMA_RED_PAD) * F32
 
 
 def gemm_mma_kernel(k_in: int, m: int = 0, halves_tokens: int = 0) -> tuple[str, int, int]:
@@ -154,11 +161,66 @@ def gemm_mma_kernel(k_in: int, m: int = 0, halves_tokens: int = 0) -> tuple[str,
     return (f"gemm_mma{tokens}_bf16", tokens, gemm_mma_shared(tokens, k_in)) if tokens else ("", 0, 0)
 
 
-def gemm_mma_grid(m: int, n_out: int, tokens: int, sms: int) -> tuple[int, int, int]:
-    """A tensor-core prefill GEMM's grid: a block per ``tokens`` tokens and row group, as many blocks as SMs (each
-    token group's blocks take every grid.y-th row group; the results do not depend on the grid)."""
+def gemm_mma_grid(m: int, n_out: int, tokens: int, sms: int, rows: int = GEMM_MMA_ROWS) -> tuple[int, int, int]:
+    """A tensor-core prefill GEMM's grid: a block per ``tokens`` tokens and group of ``rows`` rows, as many blocks as
+    SMs (each token group's blocks take every grid.y-th row group; the results do not depend on the grid)."""
     token_groups = -(-m // tokens)
-    return (token_groups, min(-(-n_out // GEMM_MMA_ROWS), max(1, sms // token_groups)), 1)
+    return (token_groups, min(-(-n_out // rows), max(1, sms // token_groups)), 1)
+
+
+def gemm_mma_rows(m: int, n_out: int, k_in: int, tokens: int, sms: int, rows: int = 0) -> int:
+    """Rows a group for a GEMM of m tokens, n_out rows, tokens a block: ``rows`` where given and its shared memory
+    fits; else, of the forms whose shared memory fits, the one whose busiest block (its groups times the form's
+    cost in GEMM_MMA_ROW_FORMS) finishes first, ties to 64."""
+
+    def busiest(rows: int) -> float:
+        groups, blocks = -(-n_out // rows), gemm_mma_grid(m, n_out, tokens, sms, rows)[1]
+        return -(-groups // blocks) * GEMM_MMA_ROW_FORMS[rows][1]
+
+    fits = [r for r in GEMM_MMA_ROW_FORMS if gemm_mma_shared(tokens, k_in, r) <= MAX_SHARED_PER_BLOCK]
+    return rows if rows in fits else min(fits, key=lambda r: (busiest(r), r != GEMM_MMA_ROWS))
+
+
+class GemmMmaLaunch(NamedTuple):
+    """A tensor-core prefill GEMM as the engine launches it."""
+
+    kernel: str
+    shared: int
+    grid: tuple[int, int, int]
+
+
+def gemm_mma_launch(
+    k_in: int, m: int, n_out: int, sms: int, halves_tokens: int = 0, rows: int = 0
+) -> GemmMmaLaunch | None:
+    """The engine's tensor-core GEMM for m tokens, n_out rows of inputs ``k_in`` wide: gemm_mma_kernel's kernel, in
+    the row-group form gemm_mma_rows picks (``rows``: that form where it fits; gemm_mma16h_bf16 has the 64-row form
+    only); None where the tiled GEMM takes it."""
+    name, tokens, shared = gemm_mma_kernel(k_in, m, halves_tokens)
+    if not name:
+        return None
+    rows = GEMM_MMA_ROWS if name == "gemm_mma16h_bf16" else gemm_mma_rows(m, n_out, k_in, tokens, sms, rows)
+    if rows != GEMM_MMA_ROWS:
+        name, shared = gemm_mma_row_kernel(tokens, rows), gemm_mma_shared(tokens, k_in, rows)
+    return GemmMmaLaunch(name, shared, gemm_mma_grid(m, n_out, tokens, sms, rows))
+
+
+def gemm_mma_row_kernel(tokens: int, rows: int) -> str:
+    """The plain tensor-core GEMM of ``tokens`` a block and row groups of ``rows``: gemm_mma16_bf16, gemm_mma8r32_bf16,
+    ..."""
+    return f"gemm_mma{tokens}{GEMM_MMA_ROW_FORMS[rows][0]}_bf16"
+
+
+def gemm_mma_forms(k_in: int, halves_tokens: int) -> Iterator[tuple[str, int]]:
+    """Every (kernel, dynamic shared memory) the engine may launch for inputs ``k_in`` wide."""
+    tokens = gemm_mma_tokens(k_in)
+    if not tokens:
+        return
+    for rows in GEMM_MMA_ROW_FORMS:
+        if gemm_mma_shared(tokens, k_in, rows) <= MAX_SHARED_PER_BLOCK:
+            yield gemm_mma_row_kernel(tokens, rows), gemm_mma_shared(tokens, k_in, rows)
+    name, _, shared = gemm_mma_kernel(k_in, halves_tokens, halves_tokens)
+    if name == "gemm_mma16h_bf16":
+        yield name, shared
 
 
 def gemm_mma_tokens(k_in: int) -> int:
@@ -406,6 +468,11 @@ class CudaModel:
         self.max_context = max_context
         self.max_prefill = max_prefill
         self.weight_format = weight_format
+        # The prefill GEMM settings are read before the weights go up: a bad value leaves nothing on the device.
+        self.gemm_halves_tokens = env_int(GEMM_HALVES_ENV, GEMM_HALVES_TOKENS, 0, 1 << 20)
+        self.gemm_rows = env_int(GEMM_ROWS_ENV, 0, 0, max(GEMM_MMA_ROW_FORMS))
+        if self.gemm_rows and self.gemm_rows not in GEMM_MMA_ROW_FORMS:
+            raise ValueError(f"{GEMM_ROWS_ENV}={self.gemm_rows}: the row-group forms are {sorted(GEMM_MMA_ROW_FORMS)}")
         self.weights: ModelWeights = upload_weights(config, weights, self.stream, weight_format)
         c = config
         self.q_width = c.num_heads * c.head_dim
@@ -507,10 +574,8 @@ class CudaModel:
             module.kernel(name).prefer_max_shared()
         self.sms = sms
         mma_shared: dict[str, int] = {}  # each tensor-core GEMM kernel's most shared memory over the model's widths
-        self.gemm_halves_tokens = env_int(GEMM_HALVES_ENV, GEMM_HALVES_TOKENS, 0, 1 << 20)
-        for k, m in itertools.product((c.hidden_size, self.q_width, c.intermediate_size), (1, 17, 1 << 30)):
-            name, _, shared = gemm_mma_kernel(k, m, self.gemm_halves_tokens)  # short prefills and long ones
-            if name:
+        for k in (c.hidden_size, self.q_width, c.intermediate_size):
+            for name, shared in gemm_mma_forms(k, self.gemm_halves_tokens):
                 mma_shared[name] = max(mma_shared.get(name, 0), shared)
         for name, shared in mma_shared.items():
             if shared > DEFAULT_SHARED_LIMIT:
@@ -998,10 +1063,9 @@ class CudaModel:
                 self._max_clusters[key] = kernel.max_active_clusters(probe, (THREADS, 1, 1), plan.shared)
             grid = cluster_grid(m, n_out, plan.tokens, self._max_clusters[key])
             return Launch(kernel, grid, (THREADS, 1, 1), [*args, ("i32", plan.depth)], shared_bytes=plan.shared)
-        name, tokens, shared = gemm_mma_kernel(k_in, m, self.gemm_halves_tokens)
-        if name:
-            grid = gemm_mma_grid(m, n_out, tokens, self.sms)
-            return Launch(self.module.kernel(name), grid, (THREADS, 1, 1), args, shared_bytes=shared)
+        mma = gemm_mma_launch(k_in, m, n_out, self.sms, self.gemm_halves_tokens, self.gemm_rows)
+        if mma is not None:
+            return Launch(self.module.kernel(mma.kernel), mma.grid, (THREADS, 1, 1), args, shared_bytes=mma.shared)
         grid = (-(-n_out // GEMM_TILE), -(-m // GEMM_TILE), 1)
         return Launch(self.module.kernel("gemm_bf16"), grid, (THREADS, 1, 1), args)
 

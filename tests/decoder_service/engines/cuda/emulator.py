@@ -529,13 +529,15 @@ class FakeDriver:
         assert grid[0] * 64 >= a.N and grid[1] * 64 >= a.M, "GEMM grid does not cover the output"
         self._linear(a, a.M, self.view(a.A, np.float32, a.M * a.K).reshape(a.M, a.K), a.C)
 
-    def _gemm_mma(self, a: SimpleNamespace, grid: tuple, block: tuple, tokens: int, shared: int, need: int) -> None:
-        """A tensor-core prefill GEMM launch (cuda/gemm.cuh): ``tokens`` a block, row groups of 64, ``need`` bytes of
-        shared memory for the staged rows and the K-quarter partials."""
+    def _gemm_mma(
+        self, a: SimpleNamespace, grid: tuple, block: tuple, tokens: int, shared: int, need: int, rows: int = 64
+    ) -> None:
+        """A tensor-core prefill GEMM launch (cuda/gemm.cuh): ``tokens`` a block, row groups of ``rows``, ``need``
+        bytes of shared memory for the staged rows and the K-quarter partials."""
         assert block == (256, 1, 1), "a tensor-core GEMM block is eight warps"
         assert a.K % 32 == 0, "the tensor-core GEMM walks K in steps of 32"
         assert grid[0] * tokens >= a.M, "tensor-core GEMM token groups do not cover the tokens"
-        assert 1 <= grid[1] <= -(-a.N // 64), "tensor-core GEMM needs between 1 and one block per row group"
+        assert 1 <= grid[1] <= -(-a.N // rows), "tensor-core GEMM needs between 1 and one block per row group"
         assert shared >= need, "the staged tokens' rows and the K-quarter partials need more room"
         self._linear(a, a.M, self.view(a.A, np.float32, a.M * a.K).reshape(a.M, a.K), a.C)
 
@@ -547,6 +549,18 @@ class FakeDriver:
 
     def k_gemm_mma16h_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         self._gemm_mma(a, grid, block, 16, shared, gemm_mma_halves_shared(a.K))
+
+    def k_gemm_mma16r32_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        self._gemm_mma(a, grid, block, 16, shared, gemm_mma_shared(16, a.K, 32), 32)
+
+    def k_gemm_mma8r32_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        self._gemm_mma(a, grid, block, 8, shared, gemm_mma_shared(8, a.K, 32), 32)
+
+    def k_gemm_mma16r128_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        self._gemm_mma(a, grid, block, 16, shared, gemm_mma_shared(16, a.K, 128), 128)
+
+    def k_gemm_mma8r128_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        self._gemm_mma(a, grid, block, 8, shared, gemm_mma_shared(8, a.K, 128), 128)
 
     def _gemm_mma_cluster(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int, tiles: int) -> None:
         """The cluster prefill GEMM (cuda/gemm_cluster.cuh): 16 * ``tiles`` tokens a cluster of four blocks."""

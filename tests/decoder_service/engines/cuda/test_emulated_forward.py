@@ -43,6 +43,13 @@ def tiny_qwen3_model(decode_kernel: str = "layers") -> CudaModel:
     )
 
 
+def mma16_launches(driver: FakeDriver) -> int:
+    """Launches of the 16-token tensor-core GEMM, in any of its row-group forms."""
+    from decoder_service.engines.cuda.forward import GEMM_MMA_ROW_FORMS, gemm_mma_row_kernel
+
+    return sum(driver.launches.count(gemm_mma_row_kernel(16, rows)) for rows in GEMM_MMA_ROW_FORMS)
+
+
 def prompt_of(cfg: ModelConfig, n: int) -> list[int]:
     """A prompt of n token ids spread over the vocabulary."""
     return [(3 * i * i + 11 * i + 5) % cfg.vocab_size for i in range(n)]
@@ -63,7 +70,7 @@ def test_emulated_model_matches_transformers(fake_driver: FakeDriver, shape: str
     assert report["rel_err"] <= 1e-4, report
     assert report["token_mismatches"] == 0, report
     # 13 prompt tokens in chunks of 8 take two prefills, whose GEMMs run on the tensor cores, 16 tokens a block.
-    assert fake_driver.launches.count("gemm_mma16_bf16") == 2 * 4 * cfg.num_layers
+    assert mma16_launches(fake_driver) == 2 * 4 * cfg.num_layers
     assert fake_driver.launches.count("gemm_bf16") == 0
     steps = 3
     if decode_kernel == "layers":
@@ -127,7 +134,7 @@ def test_long_prefill_runs_on_the_tensor_cores(fake_driver: FakeDriver) -> None:
     report = compare_greedy(model, hf_model, prompt, new_tokens=2)
     assert report["rel_err"] <= 1e-4, report
     assert report["token_mismatches"] == 0, report
-    assert fake_driver.launches.count("gemm_mma16_bf16") == 4 * cfg.num_layers
+    assert mma16_launches(fake_driver) == 4 * cfg.num_layers
     assert fake_driver.launches.count("gemm_bf16") == 0
 
 
@@ -149,10 +156,10 @@ def test_gemm_cluster_takes_prefills_up_to_its_token_limit(
     assert report["rel_err"] <= 1e-4, report
     assert report["token_mismatches"] == 0, report
     assert fake_driver.launches.count("gemm_mma_cluster1_bf16") == 4 * cfg.num_layers  # the 13-token prompt
-    assert fake_driver.launches.count("gemm_mma16_bf16") == 0
+    assert mma16_launches(fake_driver) == 0
     model.reset()
     model.prefill([7] * 20)
-    assert fake_driver.launches.count("gemm_mma16_bf16") == 4 * cfg.num_layers
+    assert mma16_launches(fake_driver) == 4 * cfg.num_layers
 
 
 def test_gemm_halves_takes_short_prefills_of_rows_too_wide_for_16_tokens() -> None:
@@ -165,6 +172,49 @@ def test_gemm_halves_takes_short_prefills_of_rows_too_wide_for_16_tokens() -> No
     assert gemm_mma_halves_shared(6144) == 2 * 16 * (4 * 24 * 32 + 32) * 2 + 4 * 16 * 68 * 4  # 24 steps a phase
     assert gemm_mma_kernel(6144, 65, 64)[0] == gemm_mma_kernel(6144, 16, 64)[0] == "gemm_mma8_bf16"
     assert gemm_mma_kernel(2048, 36, 64)[0] == "gemm_mma16_bf16"
+
+
+@pytest.mark.parametrize(
+    ("m", "n_out", "k_in", "kernel", "rows", "grid"),
+    [
+        (16, 4096, 2048, "gemm_mma16r32_bf16", 32, (1, 128, 1)),  # one token group: blocks to spare
+        (16, 2048, 6144, "gemm_mma8r32_bf16", 32, (2, 64, 1)),
+        (36, 2048, 2048, "gemm_mma16_bf16", 64, (3, 32, 1)),  # one group a block already
+        (36, 4096, 2048, "gemm_mma16r128_bf16", 128, (3, 32, 1)),  # 64 groups on 44 blocks: two rounds
+        (36, 12288, 2048, "gemm_mma16_bf16", 64, (3, 44, 1)),  # 5 rounds of 64 rows against 3 of 128
+        (512, 12288, 2048, "gemm_mma16r128_bf16", 128, (32, 4, 1)),
+        (512, 2048, 6144, "gemm_mma8r128_bf16", 128, (64, 2, 1)),
+    ],
+)
+def test_gemm_row_groups_follow_the_grid(m: int, n_out: int, k_in: int, kernel: str, rows: int, grid: tuple) -> None:
+    """On 132 SMs (an H100 or H200), Qwen3-1.7B's projections take the row-group form that was fastest there
+    (docs/cuda-speed-notes.md #148): 32 rows where the 64-row grid leaves SMs idle, 128 where blocks take several
+    groups each, 64 between; the shared memory is the form's. gemm_mma16h_bf16 keeps its 64-row groups."""
+    from decoder_service.engines.cuda.forward import gemm_mma_halves_shared, gemm_mma_launch, gemm_mma_shared
+
+    launch = gemm_mma_launch(k_in, m, n_out, 132, halves_tokens=128)
+    tokens = 16 if "mma16" in kernel else 8
+    assert launch == (kernel, gemm_mma_shared(tokens, k_in, rows), grid)
+    assert gemm_mma_launch(6144, 36, 2048, 132, 128) == ("gemm_mma16h_bf16", gemm_mma_halves_shared(6144), (3, 32, 1))
+
+
+def test_gemm_rows_setting_takes_one_row_group_form(fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TOOLTRIE_GEMM_ROWS=32, 64 or 128 puts every prefill GEMM of the tiny Qwen3 (8-token chunks) on that form; any
+    other row count is refused with the forms named, before the weights are uploaded."""
+    from decoder_service.engines.cuda.forward import GEMM_MMA_ROW_FORMS, gemm_mma_row_kernel
+
+    layers = SHAPES["tiny-qwen3"].num_layers
+    for rows in GEMM_MMA_ROW_FORMS:
+        monkeypatch.setenv("TOOLTRIE_GEMM_ROWS", str(rows))
+        fake_driver.launches.clear()
+        tiny_qwen3_model().prefill(prompt_of(SHAPES["tiny-qwen3"], 8))
+        counts = {r: fake_driver.launches.count(gemm_mma_row_kernel(16, r)) for r in GEMM_MMA_ROW_FORMS}
+        assert counts == {r: 4 * layers if r == rows else 0 for r in GEMM_MMA_ROW_FORMS}
+    monkeypatch.setenv("TOOLTRIE_GEMM_ROWS", "48")
+    before = set(fake_driver.live)
+    with pytest.raises(ValueError, match=r"TOOLTRIE_GEMM_ROWS=48: the row-group forms are \[32, 64, 128\]"):
+        tiny_qwen3_model()
+    assert fake_driver.live == before  # refused before any weight went up
 
 
 def test_inputs_the_tensor_cores_do_not_take_use_the_tiled_gemm(fake_driver: FakeDriver) -> None:
@@ -180,7 +230,7 @@ def test_inputs_the_tensor_cores_do_not_take_use_the_tiled_gemm(fake_driver: Fak
     assert report["rel_err"] <= 1e-4, report
     assert report["token_mismatches"] == 0, report
     assert fake_driver.launches.count("gemm_bf16") == 3 * cfg.num_layers  # qkv, gate|up, down
-    assert fake_driver.launches.count("gemm_mma16_bf16") == cfg.num_layers  # o
+    assert mma16_launches(fake_driver) == cfg.num_layers  # o
 
 
 @pytest.mark.parametrize(
