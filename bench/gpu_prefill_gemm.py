@@ -113,6 +113,7 @@ def run_case(
 
 
 def has_kernel(module: Module, name: str) -> bool:
+    """Whether the cubin holds the kernel (an older --base-cubin lacks the newer forms)."""
     try:
         module.kernel(name)
     except CudaError:

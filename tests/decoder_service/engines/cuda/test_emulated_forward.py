@@ -187,9 +187,9 @@ def test_gemm_halves_takes_short_prefills_of_rows_too_wide_for_16_tokens() -> No
     ],
 )
 def test_gemm_row_groups_follow_the_grid(m: int, n_out: int, k_in: int, kernel: str, rows: int, grid: tuple) -> None:
-    """On 132 SMs (an H100 or H200), Qwen3-1.7B's projections take the row-group form that was fastest there
-    (docs/cuda-speed-notes.md #148): 32 rows where the 64-row grid leaves SMs idle, 128 where blocks take several
-    groups each, 64 between; the shared memory is the form's. gemm_mma16h_bf16 keeps its 64-row groups."""
+    """On 132 SMs (an H100 or H200), these GEMMs of Qwen3-1.7B's projections take the row-group form that measured
+    fastest on an H100 (docs/cuda-speed-notes.md #148): 32 rows where the 64-row grid leaves SMs idle, 128 where
+    blocks take several groups each, 64 between; the shared memory is the form's. gemm_mma16h_bf16 keeps 64 rows."""
     from decoder_service.engines.cuda.forward import gemm_mma_halves_shared, gemm_mma_launch, gemm_mma_shared
 
     launch = gemm_mma_launch(k_in, m, n_out, 132, halves_tokens=128)
