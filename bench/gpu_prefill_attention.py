@@ -8,8 +8,9 @@ kernel's products run on the tensor cores with bf16 hi and lo terms, so the bits
 
     PYTHONPATH=. python3 bench/gpu_prefill_attention.py [--out FILE]
 
-Prints one JSON object a case: µs a launch and the relative difference; exits 1 if any difference passes
-MAX_DIFFERENCE. (docs/cuda-speed-notes.md #135-#139 quote its numbers for the kernel's earlier forms.)
+Prints what ran where (date, commit, device, the sources' and cubin's hashes), then one JSON object a case: µs a
+launch and the relative difference; exits 1 if any difference passes MAX_DIFFERENCE. (docs/cuda-speed-notes.md
+#135-#139 quote its numbers for the kernel's earlier forms.)
 """
 
 from __future__ import annotations

@@ -10,18 +10,23 @@ time over the launches, after one warm-up), every kernel once a round, the faste
 machine:
 
     PYTHONPATH=. python3 bench/gpu_prefill_gemm.py [--out FILE] [--base-cubin OLD.cubin]
+    python3 bench/gpu_prefill_gemm.py --report FILE --results results/h100   # FILE: an --out file; no GPU needed
 
-Prints one JSON object a case: µs a launch and the weight bytes over that time for each kernel, and whether the
-other kernels' outputs matched the first's; with --base-cubin, also each gemm_mma kernel of that cubin, launched
-right after the same kernel of --cubin on the same inputs (kernels that cubin lacks are skipped), its µs (base_us)
-and whether its output has the same bits (same_bits_as_base). Exits 1 if any outputs differ.
+Prints what ran where (date, commit, device, the sources' and cubins' hashes), then one JSON object a case: µs a
+launch and the weight bytes over that time for each kernel, and whether the other kernels' outputs matched the
+first's; with --base-cubin, also each gemm_mma kernel of that cubin, launched right after the same kernel of --cubin
+on the same inputs (kernels that cubin lacks are skipped), its µs (base_us) and whether its output has the same bits
+(same_bits_as_base). Exits 1 if any outputs differ.
 """
 
 from __future__ import annotations
 
+import json
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -128,10 +133,89 @@ def all_rows(module: Module, stream: Stream, base: Module | None = None) -> Iter
             yield run_case(module, stream, sms, shape, m, repeats, base)
 
 
+# The report's columns: each kernel's form, by name
+FORM_NAMES = {
+    **{gemm_mma_row_kernel(t, r): "64 rows" if r == 64 else f"r{r}" for t in (16, 8) for r in GEMM_MMA_ROW_FORMS},
+    "gemm_mma16h_bf16": "16h",
+}
+
+
+def form_of(kernel: str) -> str:
+    return "cluster" if kernel.startswith("gemm_mma_cluster") else FORM_NAMES[kernel]
+
+
+def write_report(data: dict[str, Any], results_dir: Path) -> Path:
+    """Render an --out file as results_dir/gpu_prefill_gemm.md (a row a case, µs a form, the engine's form in bold)
+    and copy it beside as gpu_prefill_gemm.json; return the Markdown file."""
+    run, rows = data["run"], data["rows"]
+    forms = ["64 rows", *(f"r{r}" for r in GEMM_MMA_ROW_FORMS if r != 64), "16h", "cluster"]
+    base = any("base_us" in v for r in rows for v in r.values() if isinstance(v, dict))
+    lines = [
+        f"# Prefill GEMMs launched alone, on an {run['device'].removeprefix('NVIDIA ').split()[0]}",
+        "",
+        f"- date: {run['date']}",
+        f"- commit: {run['commit']}",
+        f"- device: {run['device']}, {run['sms']} SMs",
+        f"- cuda/ sources sha256: `{run['cuda_sources_sha256']}`",
+        *([f"- cubin sha256: `{run['cubin_sha256']}`"] if "cubin_sha256" in run else []),
+        f"- command: `{run['command']}`, then `python3 bench/gpu_prefill_gemm.py --report FILE --results "
+        f"{results_dir.as_posix()}`",
+        "",
+        "Qwen3-1.7B's projections, random bf16 weights; µs a launch: wall time over back-to-back launches on one "
+        "stream after a warm-up, every kernel once a round, the faster of two rounds. The columns are the "
+        "tensor-core GEMM's forms (`cuda/gemm.cuh`), each with the grid and shared memory the engine gives it: 64 "
+        "rows, r32 and r128: gemm_mma16_bf16 (gemm_mma8_bf16 for the down rows, K = 6,144) with row groups of 64, "
+        "32 and 128 rows (`docs/cuda-speed-notes.md` #148); 16h: gemm_mma16h_bf16 (the down rows, 16 tokens "
+        "staged in halves, #142); cluster: the cluster GEMM (opt-in, #141). In bold, the form the engine launches "
+        "(`gemm_mma_launch` in `decoder_service/engines/cuda/forward.py`). same bits: every form's output equal "
+        "word for word to the first's"
+        + (
+            ", and each kernel's to the same kernel's in the base cubin, launched right after it (µs in brackets)"
+            if base
+            else ""
+        )
+        + ". The kernels and their grids per row: the JSON beside this file.",
+        "",
+        f"| shape | tokens | {' | '.join(forms)} | the engine takes | same bits |",
+        "| --- | --- | " + "--- | " * len(forms) + "--- | --- |",
+    ]
+    for row in rows:
+        cells = {form_of(k): v for k, v in row.items() if isinstance(v, dict)}
+        engine = form_of(str(row["engine"])) if row["engine"] else "tiled"
+        same = row.get("same_bits", True) and all(v.get("same_bits_as_base", True) for v in cells.values())
+        times = " | ".join(report_cell(cells.get(form), form == engine) for form in forms)
+        lines.append(f"| {row['shape']} | {row['tokens']} | {times} | {engine} | {'yes' if same else 'NO'} |")
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / "gpu_prefill_gemm.json").write_text(json.dumps(data, indent=2) + "\n")
+    out = results_dir / "gpu_prefill_gemm.md"
+    out.write_text("\n".join(wrap_prose(lines)) + "\n")
+    return out
+
+
+def report_cell(entry: dict[str, Any] | None, engines: bool) -> str:
+    """A form's µs (the base cubin's in brackets), in bold where the engine takes the form; empty where it did not
+    run."""
+    if entry is None:
+        return ""
+    text = f"{entry['us']}" + (f" ({entry['base_us']})" if "base_us" in entry else "")
+    return f"**{text}**" if engines else text
+
+
+def wrap_prose(lines: list[str]) -> list[str]:
+    """Lines of prose wrapped at 116 columns; headings, list items and table rows as they are."""
+    kept = []
+    for line in lines:
+        if len(line) <= 116 or line.startswith(("|", "#", "- ")):
+            kept.append(line)
+        else:
+            kept.extend(textwrap.wrap(line, width=116, break_on_hyphens=False, break_long_words=False))
+    return kept
+
+
 def failed(rows: list[Row]) -> bool:
     entries = [v for r in rows for v in r.values() if isinstance(v, dict)]
     return any(r.get("same_bits") is False for r in rows) or any(v.get("same_bits_as_base") is False for v in entries)
 
 
 if __name__ == "__main__":
-    sys.exit(kernel_bench_main(__doc__, all_rows, failed, ab=True))
+    sys.exit(kernel_bench_main(__doc__, all_rows, failed, ab=True, report=write_report))

@@ -11,7 +11,7 @@
 #   trace_attention.json  timestamps inside one layer's attention and o GEMV (a -DTT_TRACE build of the kernels)
 #   trace_persistent.json the persistent decode kernel's phases and hand-overs, per block (the same trace build)
 #   bench_gpu_prefill_attention.json  prefill attention kernels launched alone, their outputs compared
-#   bench_gpu_prefill_gemm.json  prefill GEMMs launched alone, the cluster kernel's bits compared
+#   bench_gpu_prefill_gemm.json  prefill GEMMs launched alone in each form, their bits compared
 #   e2e.log              `tooltrie up --once --engine cuda` on a tiny synthetic Qwen3: registry, decoder, decodes
 #   bench_gpu_side_by_side.json, side_by_side.log   real tokenizer and catalogs, beside transformers and the floor
 # STAGES (default "engine kernels bench side e2e") picks what runs: engine = tests/.../test_engine_gpu.py,
