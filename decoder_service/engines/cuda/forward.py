@@ -461,6 +461,23 @@ class CudaModel:
         decode_kernel: str | None = None,
         weight_format: str = "bf16",
     ) -> None:
+        try:
+            self._setup(config, weights, module, max_context, max_prefill, stream, decode_kernel, weight_format)
+        except BaseException:
+            self.free()  # a refused setting or a failed allocation leaves nothing on the device
+            raise
+
+    def _setup(
+        self,
+        config: ModelConfig,
+        weights: dict[str, np.ndarray],
+        module: Module,
+        max_context: int,
+        max_prefill: int,
+        stream: Stream | None,
+        decode_kernel: str | None,
+        weight_format: str,
+    ) -> None:
         check_config(config)
         self.config = config
         self.module = module
@@ -468,7 +485,7 @@ class CudaModel:
         self.max_context = max_context
         self.max_prefill = max_prefill
         self.weight_format = weight_format
-        # The prefill GEMM settings are read before the weights go up: a bad value leaves nothing on the device.
+        # The prefill GEMM settings are read before the weights go up: a bad value costs no upload.
         self.gemm_halves_tokens = env_int(GEMM_HALVES_ENV, GEMM_HALVES_TOKENS, 0, 1 << 20)
         self.gemm_rows = env_int(GEMM_ROWS_ENV, 0, 0, max(GEMM_MMA_ROW_FORMS))
         if self.gemm_rows and self.gemm_rows not in GEMM_MMA_ROW_FORMS:
@@ -1173,27 +1190,19 @@ class CudaModel:
             launch.set(index, position)
 
     def free(self) -> None:
-        if self.persistent is not None:
-            self.persistent.free()
-        buffers = [
-            self.x,
-            self.xn,
-            self.qkv,
-            self.attn,
-            self.attn_partial,
-            self.attn_done,
-            self.gate_up,
-            self.act,
-            self.logits,
-            self.tokens,
-            self.token,
-            *self.k_cache,
-            *self.v_cache,
-            self.rope,
-        ]
+        """Free the model's device memory; a model whose setup failed part way frees what it had allocated."""
+        persistent = getattr(self, "persistent", None)
+        if persistent is not None:
+            persistent.free()
+        names = ("x", "xn", "qkv", "attn", "attn_partial", "attn_done", "gate_up", "act", "logits", "tokens", "token")
+        buffers = [getattr(self, name, None) for name in names]
+        buffers += [*getattr(self, "k_cache", ()), *getattr(self, "v_cache", ()), getattr(self, "rope", None)]
         for buf in buffers:
-            buf.free()
-        self.weights.free()
+            if buf is not None:
+                buf.free()
+        weights = getattr(self, "weights", None)
+        if weights is not None:
+            weights.free()
 
 
 def _ptr(buf: DeviceBuffer | None) -> int:

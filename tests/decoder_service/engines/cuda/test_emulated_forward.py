@@ -217,6 +217,19 @@ def test_gemm_rows_setting_takes_one_row_group_form(fake_driver: FakeDriver, mon
     assert fake_driver.live == before  # refused before any weight went up
 
 
+@pytest.mark.parametrize(("name", "value"), [("TOOLTRIE_GEMV_STAGES", "99"), ("TOOLTRIE_PREFILL_ATTENTION", "2")])
+def test_a_refused_setting_leaves_nothing_on_the_device(
+    fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    """A setting read after the weights and buffers went up, refused: the error names it, and the half-built
+    model frees every allocation it made."""
+    monkeypatch.setenv(name, value)
+    before = set(fake_driver.live)
+    with pytest.raises(ValueError, match=f"{name}={value} is out of range"):
+        tiny_qwen3_model()
+    assert fake_driver.live == before
+
+
 def test_inputs_the_tensor_cores_do_not_take_use_the_tiled_gemm(fake_driver: FakeDriver) -> None:
     """Rows 200 and 400 wide (not multiples of 32) take the tiled fp32 GEMM; the attention output (4 heads of 64)
     still takes the tensor cores."""
