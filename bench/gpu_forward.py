@@ -783,7 +783,7 @@ def main() -> int:
     kv_bytes = cfg.num_layers * 2 * args.prompt * kv_width * KV_ENTRY_BYTES
     head_bytes = cfg.vocab_size * cfg.hidden_size * 2
     result = {
-        "device": driver.call("cuDeviceGetName", 256, driver.call("cuCtxGetDevice")).split(b"\0", 1)[0].decode(),
+        "device": driver.device_name(),
         "driver_version": driver.call("cuDriverGetVersion"),
         "cuda_sources_sha256": cuda_sources_sha256(),
         "model": f"qwen3-1.7b-shape (random bf16{', rounded to e4m3 rows' if args.weights == 'fp8' else ''})",

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from decoder_service.engines.cuda.driver import CudaError, Stream, multiprocesso
 from decoder_service.engines.cuda.forward import (  # noqa: E402
     GEMM_HALVES_TOKENS,
     GEMM_MMA_ROW_FORMS,
-    MAX_SHARED_PER_BLOCK,
+    gemm_mma_fitting_rows,
     gemm_mma_grid,
     gemm_mma_kernel,
     gemm_mma_launch,
@@ -72,11 +71,14 @@ def run_case(
     sizes = [("i32", m), ("i32", n_out), ("i32", k_in)]
     launches = []  # (kernel, its module, output buffer, launch)
     tokens = gemm_mma_kernel(k_in)[1]
-    forms = []  # (kernel, shared, grid): each row-group form that fits, then the halves form where it applies
-    for rows in GEMM_MMA_ROW_FORMS:
-        if gemm_mma_shared(tokens, k_in, rows) <= MAX_SHARED_PER_BLOCK:
-            grid = gemm_mma_grid(m, n_out, tokens, sms, rows)
-            forms.append((gemm_mma_row_kernel(tokens, rows), gemm_mma_shared(tokens, k_in, rows), grid))
+    forms = [  # (kernel, shared, grid): each row-group form that fits, then the halves form where it applies
+        (
+            gemm_mma_row_kernel(tokens, rows),
+            gemm_mma_shared(tokens, k_in, rows),
+            gemm_mma_grid(m, n_out, tokens, sms, rows),
+        )
+        for rows in gemm_mma_fitting_rows(tokens, k_in)
+    ]
     halves, halves_tokens, halves_shared = gemm_mma_kernel(k_in, m, m)
     if halves == "gemm_mma16h_bf16":
         forms.append((halves, halves_shared, gemm_mma_grid(m, n_out, halves_tokens, sms)))
@@ -188,7 +190,7 @@ def write_report(data: dict[str, Any], results_dir: Path) -> Path:
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "gpu_prefill_gemm.json").write_text(json.dumps(data, indent=2) + "\n")
     out = results_dir / "gpu_prefill_gemm.md"
-    out.write_text("\n".join(wrap_prose(lines)) + "\n")
+    out.write_text("\n".join(lines) + "\n")
     return out
 
 
@@ -199,17 +201,6 @@ def report_cell(entry: dict[str, Any] | None, engines: bool) -> str:
         return ""
     text = f"{entry['us']}" + (f" ({entry['base_us']})" if "base_us" in entry else "")
     return f"**{text}**" if engines else text
-
-
-def wrap_prose(lines: list[str]) -> list[str]:
-    """Lines of prose wrapped at 116 columns; headings, list items and table rows as they are."""
-    kept = []
-    for line in lines:
-        if len(line) <= 116 or line.startswith(("|", "#", "- ")):
-            kept.append(line)
-        else:
-            kept.extend(textwrap.wrap(line, width=116, break_on_hyphens=False, break_long_words=False))
-    return kept
 
 
 def failed(rows: list[Row]) -> bool:

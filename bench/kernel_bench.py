@@ -45,11 +45,10 @@ def script_path() -> str:
 
 def run_header(args: argparse.Namespace) -> dict[str, Any]:
     """What ran where: date, commit, device and its SMs, the kernels' sources and cubins, the command."""
-    device = driver.call("cuDeviceGetName", 256, driver.call("cuCtxGetDevice")).split(b"\0", 1)[0].decode()
     header = {
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%MZ"),
         "commit": git_commit(),
-        "device": device,
+        "device": driver.device_name(),
         "sms": multiprocessor_count(),
         "cuda_sources_sha256": cuda_sources_sha256(),
         "cubin_sha256": cubin_sha256(args.cubin),

@@ -69,14 +69,18 @@ def cuda_available() -> tuple[bool, str]:
         return False, "cuda.bindings is not installed (install the cuda extra)"
     try:
         init()
-        device = call("cuCtxGetDevice")
         count = call("cuDeviceGetCount")
-        name = call("cuDeviceGetName", 256, device)
+        name = device_name()
     except Exception as exc:  # any failure means "not usable here"; the reason is the message
         return False, str(exc)
     if count < 1:
         return False, "the CUDA driver reports no device"
-    return True, name.split(b"\0", 1)[0].decode()
+    return True, name
+
+
+def device_name() -> str:
+    """The current device's name, such as "NVIDIA H200"."""
+    return call("cuDeviceGetName", 256, call("cuCtxGetDevice")).split(b"\0", 1)[0].decode()
 
 
 def _device_attribute(name: str) -> int:

@@ -177,8 +177,13 @@ def gemm_mma_rows(m: int, n_out: int, k_in: int, tokens: int, sms: int, rows: in
         groups, blocks = -(-n_out // rows), gemm_mma_grid(m, n_out, tokens, sms, rows)[1]
         return -(-groups // blocks) * GEMM_MMA_ROW_FORMS[rows][1]
 
-    fits = [r for r in GEMM_MMA_ROW_FORMS if gemm_mma_shared(tokens, k_in, r) <= MAX_SHARED_PER_BLOCK]
+    fits = gemm_mma_fitting_rows(tokens, k_in)
     return rows if rows in fits else min(fits, key=lambda r: (busiest(r), r != GEMM_MMA_ROWS))
+
+
+def gemm_mma_fitting_rows(tokens: int, k_in: int) -> list[int]:
+    """The row-group forms whose shared memory fits a block, for ``tokens`` a block of inputs ``k_in`` wide."""
+    return [r for r in GEMM_MMA_ROW_FORMS if gemm_mma_shared(tokens, k_in, r) <= MAX_SHARED_PER_BLOCK]
 
 
 class GemmMmaLaunch(NamedTuple):
@@ -198,10 +203,11 @@ def gemm_mma_launch(
     name, tokens, shared = gemm_mma_kernel(k_in, m, halves_tokens)
     if not name:
         return None
-    rows = GEMM_MMA_ROWS if name == "gemm_mma16h_bf16" else gemm_mma_rows(m, n_out, k_in, tokens, sms, rows)
-    if rows != GEMM_MMA_ROWS:
-        name, shared = gemm_mma_row_kernel(tokens, rows), gemm_mma_shared(tokens, k_in, rows)
-    return GemmMmaLaunch(name, shared, gemm_mma_grid(m, n_out, tokens, sms, rows))
+    if name == "gemm_mma16h_bf16":
+        return GemmMmaLaunch(name, shared, gemm_mma_grid(m, n_out, tokens, sms))
+    rows = gemm_mma_rows(m, n_out, k_in, tokens, sms, rows)
+    kernel = gemm_mma_row_kernel(tokens, rows)
+    return GemmMmaLaunch(kernel, gemm_mma_shared(tokens, k_in, rows), gemm_mma_grid(m, n_out, tokens, sms, rows))
 
 
 def gemm_mma_row_kernel(tokens: int, rows: int) -> str:
@@ -215,9 +221,8 @@ def gemm_mma_forms(k_in: int, halves_tokens: int) -> Iterator[tuple[str, int]]:
     tokens = gemm_mma_tokens(k_in)
     if not tokens:
         return
-    for rows in GEMM_MMA_ROW_FORMS:
-        if gemm_mma_shared(tokens, k_in, rows) <= MAX_SHARED_PER_BLOCK:
-            yield gemm_mma_row_kernel(tokens, rows), gemm_mma_shared(tokens, k_in, rows)
+    for rows in gemm_mma_fitting_rows(tokens, k_in):
+        yield gemm_mma_row_kernel(tokens, rows), gemm_mma_shared(tokens, k_in, rows)
     name, _, shared = gemm_mma_kernel(k_in, halves_tokens, halves_tokens)
     if name == "gemm_mma16h_bf16":
         yield name, shared
@@ -485,11 +490,6 @@ class CudaModel:
         self.max_context = max_context
         self.max_prefill = max_prefill
         self.weight_format = weight_format
-        # The prefill GEMM settings are read before the weights go up: a bad value costs no upload.
-        self.gemm_halves_tokens = env_int(GEMM_HALVES_ENV, GEMM_HALVES_TOKENS, 0, 1 << 20)
-        self.gemm_rows = env_int(GEMM_ROWS_ENV, 0, 0, max(GEMM_MMA_ROW_FORMS))
-        if self.gemm_rows and self.gemm_rows not in GEMM_MMA_ROW_FORMS:
-            raise ValueError(f"{GEMM_ROWS_ENV}={self.gemm_rows}: the row-group forms are {sorted(GEMM_MMA_ROW_FORMS)}")
         self.weights: ModelWeights = upload_weights(config, weights, self.stream, weight_format)
         c = config
         self.q_width = c.num_heads * c.head_dim
@@ -591,6 +591,10 @@ class CudaModel:
             module.kernel(name).prefer_max_shared()
         self.sms = sms
         mma_shared: dict[str, int] = {}  # each tensor-core GEMM kernel's most shared memory over the model's widths
+        self.gemm_halves_tokens = env_int(GEMM_HALVES_ENV, GEMM_HALVES_TOKENS, 0, 1 << 20)
+        self.gemm_rows = env_int(GEMM_ROWS_ENV, 0, 0, max(GEMM_MMA_ROW_FORMS))
+        if self.gemm_rows and self.gemm_rows not in GEMM_MMA_ROW_FORMS:
+            raise ValueError(f"{GEMM_ROWS_ENV}={self.gemm_rows}: the row-group forms are {sorted(GEMM_MMA_ROW_FORMS)}")
         for k in (c.hidden_size, self.q_width, c.intermediate_size):
             for name, shared in gemm_mma_forms(k, self.gemm_halves_tokens):
                 mma_shared[name] = max(mma_shared.get(name, 0), shared)

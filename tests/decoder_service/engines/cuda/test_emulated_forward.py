@@ -200,7 +200,7 @@ def test_gemm_row_groups_follow_the_grid(m: int, n_out: int, k_in: int, kernel: 
 
 def test_gemm_rows_setting_takes_one_row_group_form(fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     """TOOLTRIE_GEMM_ROWS=32, 64 or 128 puts every prefill GEMM of the tiny Qwen3 (8-token chunks) on that form; any
-    other row count is refused with the forms named, before the weights are uploaded."""
+    other row count is refused with the forms named, leaving nothing on the device."""
     from decoder_service.engines.cuda.forward import GEMM_MMA_ROW_FORMS, gemm_mma_row_kernel
 
     layers = SHAPES["tiny-qwen3"].num_layers
@@ -214,7 +214,7 @@ def test_gemm_rows_setting_takes_one_row_group_form(fake_driver: FakeDriver, mon
     before = set(fake_driver.live)
     with pytest.raises(ValueError, match=r"TOOLTRIE_GEMM_ROWS=48: the row-group forms are \[32, 64, 128\]"):
         tiny_qwen3_model()
-    assert fake_driver.live == before  # refused before any weight went up
+    assert fake_driver.live == before
 
 
 @pytest.mark.parametrize(("name", "value"), [("TOOLTRIE_GEMV_STAGES", "99"), ("TOOLTRIE_PREFILL_ATTENTION", "2")])
