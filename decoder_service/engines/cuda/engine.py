@@ -144,7 +144,11 @@ class CudaEngine(Engine):
             weight_format=weight_format,
         )
         self.stream = self.model.stream
-        self.state = StepState(config.vocab_size, K_MAX * (MAX_NAME_TOKENS + 1), self.stream)
+        try:
+            self.state = StepState(config.vocab_size, K_MAX * (MAX_NAME_TOKENS + 1), self.stream)
+        except BaseException:
+            self.model.free()  # an engine that fails to build leaves nothing on the device
+            raise
         # (loop, dense, attention form, chains)
         self._drivers: dict[tuple[str, bool, AttentionForm, bool], HostLoop | DecodeGraph] = {}
         self._tries: OrderedDict[int, DeviceTrie] = OrderedDict()

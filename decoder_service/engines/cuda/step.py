@@ -135,17 +135,24 @@ class StepState:
     def __init__(self, vocab_size: int, max_steps: int, stream: Stream) -> None:
         self.stream = stream
         self.cand_cap = vocab_size  # a node cannot have more distinct tokens than the vocabulary
+        self.max_trace = max_steps
+        self._init = np.zeros(CTL_WORDS, dtype=np.int32)
+        try:
+            self._allocate()
+        except BaseException:
+            self.free()  # a failed allocation leaves nothing on the device
+            raise
+
+    def _allocate(self) -> None:
         self.ctl = DeviceBuffer(CTL_WORDS * 4)
         self.cand = DeviceBuffer(2 * self.cand_cap * 4)
         self.cand_logit = DeviceBuffer(HEAD_SLOTS * F32)
-        self.max_trace = max_steps
-        self.trace = DeviceBuffer(3 * max_steps * 4)
+        self.trace = DeviceBuffer(3 * self.max_trace * 4)
         self.out: MappedHostBuffer | PolledDeviceBuffer
         try:
             self.out = MappedHostBuffer(OUT_WORDS * 4)
         except CudaError:  # no mapped pinned memory here: poll a device buffer from the legacy stream instead
             self.out = PolledDeviceBuffer(OUT_WORDS * 4)
-        self._init = np.zeros(CTL_WORDS, dtype=np.int32)
 
     def reset(self, init: ControlInit) -> None:
         """Stream-ordered: the next step on ``stream`` starts a new answer."""
@@ -202,9 +209,11 @@ class StepState:
         return out
 
     def free(self) -> None:
-        for buf in (self.ctl, self.cand, self.cand_logit, self.trace):
-            buf.free()
-        self.out.free()
+        """Free the buffers; a state whose allocation failed part way frees what it had allocated."""
+        for name in ("ctl", "cand", "cand_logit", "trace", "out"):
+            buf = getattr(self, name, None)
+            if buf is not None:
+                buf.free()
 
 
 class StepLaunches:

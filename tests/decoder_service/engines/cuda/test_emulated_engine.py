@@ -191,6 +191,37 @@ def test_attention_form_switches_come_from_the_environment(
         CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=512)
 
 
+@pytest.mark.parametrize("failing", range(5))
+def test_an_engine_that_fails_to_build_leaves_nothing_on_the_device(
+    fake_driver, tiny_model, monkeypatch, failing: int
+) -> None:
+    """The step state's allocations refused from the n-th on (out of device memory, after the model's weights went
+    up; the fifth is the mapped output, whose polled fallback is refused too): the error reaches the caller, and the
+    model and the state's earlier buffers are freed."""
+    from decoder_service.engines.cuda import step
+    from decoder_service.engines.cuda.driver import CudaError
+    from decoder_service.engines.cuda.engine import CudaEngine
+    from decoder_service.engines.cuda.module import Module
+
+    allocations = 0
+
+    def refuse_one(nbytes: int) -> step.DeviceBuffer:
+        nonlocal allocations
+        allocations += 1
+        if allocations > failing:
+            raise CudaError("cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY")
+        return step_buffer(nbytes)
+
+    step_buffer = step.DeviceBuffer
+    monkeypatch.setattr(step, "DeviceBuffer", refuse_one)
+    monkeypatch.setattr(step, "MappedHostBuffer", refuse_one)  # the state's last buffer, mapped or polled
+    before, before_host = set(fake_driver.live), set(fake_driver.live_host)
+    with pytest.raises(CudaError, match="OUT_OF_MEMORY"):
+        CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=512)
+    assert allocations > failing
+    assert fake_driver.live == before and fake_driver.live_host == before_host
+
+
 @pytest.mark.parametrize("loop", ["host", "graph"])
 def test_short_attention_serves_the_requests_that_fit_it(fake_driver, tiny_catalog, monkeypatch, loop) -> None:
     """With head_dim 64 (a compiled one) and the cluster form off, a request within SHORT_ATTENTION_POSITIONS takes
