@@ -43,6 +43,7 @@ from decoder_service.engines.cuda.forward import (  # noqa: E402
     gemm_mma_launch,
     gemm_mma_row_kernel,
     gemm_mma_shared,
+    gemm_mma_wide_kernel,
 )
 from decoder_service.engines.cuda.gemm_cluster import cluster_grid, cluster_plan  # noqa: E402
 from decoder_service.engines.cuda.module import Launch, Module  # noqa: E402
@@ -52,6 +53,7 @@ from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random  
 SHAPES = (("qkv", 4096, 2048), ("o", 2048, 2048), ("gate_up", 12288, 2048), ("down", 2048, 6144))
 CASES = ((16, 20), (36, 20), (64, 20), (128, 10), (512, 5))  # (tokens, timed launches)
 THREADS = 256
+WIDE_THREADS = 512  # the sixteen-warp forms
 ROUNDS = 2  # each kernel's time: the faster of this many rounds
 
 
@@ -71,23 +73,30 @@ def run_case(
     sizes = [("i32", m), ("i32", n_out), ("i32", k_in)]
     launches = []  # (kernel, its module, output buffer, launch)
     tokens = gemm_mma_kernel(k_in)[1]
-    forms = [  # (kernel, shared, grid): each row-group form that fits, then the halves form where it applies
+    forms = [  # (kernel, shared, grid, threads): each row-group form that fits, then the halves form where it applies
         (
             gemm_mma_row_kernel(tokens, rows),
             gemm_mma_shared(tokens, k_in, rows),
             gemm_mma_grid(m, n_out, tokens, sms, rows),
+            THREADS,
         )
         for rows in gemm_mma_fitting_rows(tokens, k_in)
     ]
+    forms += [  # the 32- and 64-row groups on sixteen warps
+        (gemm_mma_wide_kernel(kernel), shared, grid, WIDE_THREADS)
+        for kernel, shared, grid, _ in list(forms)
+        if kernel.removeprefix(f"gemm_mma{tokens}").removesuffix("_bf16") in ("", "r32")
+    ]
     halves, halves_tokens, halves_shared = gemm_mma_kernel(k_in, m, m)
     if halves == "gemm_mma16h_bf16":
-        forms.append((halves, halves_shared, gemm_mma_grid(m, n_out, halves_tokens, sms)))
-    for kernel, shared, grid in forms:
+        for kernel, threads in ((halves, THREADS), (gemm_mma_wide_kernel(halves), WIDE_THREADS)):
+            forms.append((kernel, halves_shared, gemm_mma_grid(m, n_out, halves_tokens, sms), threads))
+    for kernel, shared, grid, threads in forms:
         for mod in (module, base) if base is not None and has_kernel(base, kernel) else (module,):
             mod.kernel(kernel).set_max_dynamic_shared(shared)
             out = dev.poisoned(m * n_out)
             args = [*base_args, ("ptr", out.ptr), *sizes]
-            launches.append((kernel, mod, out, Launch(mod.kernel(kernel), grid, (THREADS, 1, 1), args, shared)))
+            launches.append((kernel, mod, out, Launch(mod.kernel(kernel), grid, (threads, 1, 1), args, shared)))
     plan = cluster_plan(m, k_in, max_tokens=m)
     if plan is not None:
         cluster = module.kernel(plan.kernel)
@@ -139,6 +148,9 @@ def all_rows(module: Module, stream: Stream, base: Module | None = None) -> Iter
 FORM_NAMES = {
     **{gemm_mma_row_kernel(t, r): "64 rows" if r == 64 else f"r{r}" for t in (16, 8) for r in GEMM_MMA_ROW_FORMS},
     "gemm_mma16h_bf16": "16h",
+    **{f"gemm_mma{t}w_bf16": "64 rows w16" for t in (16, 8)},
+    **{f"gemm_mma{t}r32w_bf16": "r32 w16" for t in (16, 8)},
+    "gemm_mma16hw_bf16": "16h w16",
 }
 
 
@@ -150,7 +162,7 @@ def write_report(data: dict[str, Any], results_dir: Path) -> Path:
     """Render an --out file as results_dir/gpu_prefill_gemm.md (a row a case, µs a form, the engine's form in bold)
     and copy it beside as gpu_prefill_gemm.json; return the Markdown file."""
     run, rows = data["run"], data["rows"]
-    forms = ["64 rows", *(f"r{r}" for r in GEMM_MMA_ROW_FORMS if r != 64), "16h", "cluster"]
+    forms = ["64 rows", "64 rows w16", "r32", "r32 w16", "r128", "16h", "16h w16", "cluster"]
     base = any("base_us" in v for r in rows for v in r.values() if isinstance(v, dict))
     lines = [
         f"# Prefill GEMMs launched alone, on an {run['device'].removeprefix('NVIDIA ').split()[0]}",

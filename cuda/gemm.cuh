@@ -175,16 +175,16 @@ __device__ __forceinline__ void gemm_mma_stage(bf16_t* As, const float* __restri
     __syncthreads();
 }
 
-template <int T, bool HALVES = false, int TILES = GMMA_TILES, int BATCH = GMMA_BATCH>
+template <int T, bool HALVES = false, int TILES = GMMA_TILES, int BATCH = GMMA_BATCH, int PARTS = 2>
 __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16_t* __restrict__ W,
                                          const bf16_t* __restrict__ bias, const float* residual, float* C, int M, int N,
                                          int K) {
     static_assert(T == 8 || T == 16, "a block stages one m16 tile of tokens, or its top half");
-    static_assert(2 * GMMA_KSPLIT == 8, "eight warps: two row halves, four K-quarters");
-    constexpr int ROWS = TILES * 16, RED = ROWS + GMMA_RED_PAD;  // a group's rows; floats a token row of partials
+    // PARTS * GMMA_KSPLIT warps: PARTS row parts (TILES n8 tiles each), four K-quarters.
+    constexpr int ROWS = PARTS * TILES * 8, RED = ROWS + GMMA_RED_PAD;  // a group's rows; floats a token row of partials
     extern __shared__ __align__(16) unsigned char gmma_smem[];
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, gid = lane / 4, tig = lane % 4;
-    const int half = warp % 2, quarter = warp / 2;
+    const int half = warp % PARTS, quarter = warp / PARTS;  // half: the warp's row part
     const int steps = K / 32;
     const int quarter_steps = (steps + GMMA_KSPLIT - 1) / GMMA_KSPLIT, first_step = quarter * quarter_steps;
     // HALVES: each quarter's steps in two phases of hs steps (whole batches), staged one phase at a time.
@@ -350,4 +350,37 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 gemm_mma8r128_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
                    const float* residual, float* C, int M, int N, int K) {
     gemm_mma<8, false, 8, 2>(A, W, bias, residual, C, M, N, K);
+}
+
+// Sixteen warps (four row parts of two n8 tiles, four K-quarters) on a 64-row group: twice the warps an SM of
+// gemm_mma16_bf16 for the same staged tokens, each warp's chains those of the 32-row form (the same bits).
+extern "C" __global__ void __launch_bounds__(512, 1)
+gemm_mma16w_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
+                 const float* residual, float* C, int M, int N, int K) {
+    gemm_mma<16, false, 2, GMMA_BATCH, 4>(A, W, bias, residual, C, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1)
+gemm_mma16hw_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
+                  const float* residual, float* C, int M, int N, int K) {
+    gemm_mma<16, true, 2, GMMA_BATCH, 4>(A, W, bias, residual, C, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1)
+gemm_mma8w_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
+                const float* residual, float* C, int M, int N, int K) {
+    gemm_mma<8, false, 2, GMMA_BATCH, 4>(A, W, bias, residual, C, M, N, K);
+}
+
+// The 32-row group on sixteen warps (four row parts of one n8 tile).
+extern "C" __global__ void __launch_bounds__(512, 1)
+gemm_mma16r32w_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
+                    const float* residual, float* C, int M, int N, int K) {
+    gemm_mma<16, false, 1, GMMA_BATCH, 4>(A, W, bias, residual, C, M, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1)
+gemm_mma8r32w_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
+                   const float* residual, float* C, int M, int N, int K) {
+    gemm_mma<8, false, 1, GMMA_BATCH, 4>(A, W, bias, residual, C, M, N, K);
 }

@@ -98,6 +98,12 @@ GEMM_ROWS_ENV = "TOOLTRIE_GEMM_ROWS"
 # two take 64) and at 512 (docs/cuda-speed-notes.md #142).
 GEMM_HALVES_ENV = "TOOLTRIE_GEMM_HALVES_TOKENS"
 GEMM_HALVES_TOKENS = 128
+# The 32- and 64-row forms (gemm_mma16_bf16, gemm_mma8r32_bf16, gemm_mma16h_bf16, ...) on sixteen warps, a warp
+# with half the n8 tiles (gemm_mma16w_bf16, gemm_mma8r32w_bf16, gemm_mma16hw_bf16, ...; the same bits):
+# $TOOLTRIE_GEMM_WARPS=16 takes them.
+GEMM_WARPS_ENV = "TOOLTRIE_GEMM_WARPS"
+GEMM_WIDE_SUFFIX = "w"
+GEMM_WIDE_ROWS = (32, 64)
 ATTN_THREADS = 256
 ATTN_CHUNK = 32  # positions per partial of the decode attention (cuda/attention_decode.cuh)
 ATTN_SPLIT_BLOCKS = 24  # blocks per head of the decode attention; each takes every 24th chunk (three fit an SM)
@@ -192,22 +198,35 @@ class GemmMmaLaunch(NamedTuple):
     kernel: str
     shared: int
     grid: tuple[int, int, int]
+    threads: int = THREADS
 
 
 def gemm_mma_launch(
-    k_in: int, m: int, n_out: int, sms: int, halves_tokens: int = 0, rows: int = 0
+    k_in: int, m: int, n_out: int, sms: int, halves_tokens: int = 0, rows: int = 0, warps: int = 8
 ) -> GemmMmaLaunch | None:
     """The engine's tensor-core GEMM for m tokens, n_out rows of inputs ``k_in`` wide: gemm_mma_kernel's kernel, in
     the row-group form gemm_mma_rows picks (``rows``: that form where it fits; gemm_mma16h_bf16 has the 64-row form
-    only); None where the tiled GEMM takes it."""
+    only), a 64-row form on ``warps`` warps (8 or 16); None where the tiled GEMM takes it."""
     name, tokens, shared = gemm_mma_kernel(k_in, m, halves_tokens)
     if not name:
         return None
     if name == "gemm_mma16h_bf16":
-        return GemmMmaLaunch(name, shared, gemm_mma_grid(m, n_out, tokens, sms))
-    rows = gemm_mma_rows(m, n_out, k_in, tokens, sms, rows)
-    kernel = gemm_mma_row_kernel(tokens, rows)
-    return GemmMmaLaunch(kernel, gemm_mma_shared(tokens, k_in, rows), gemm_mma_grid(m, n_out, tokens, sms, rows))
+        grid = gemm_mma_grid(m, n_out, tokens, sms)
+    else:
+        rows = gemm_mma_rows(m, n_out, k_in, tokens, sms, rows)
+        name, shared = gemm_mma_row_kernel(tokens, rows), gemm_mma_shared(tokens, k_in, rows)
+        grid = gemm_mma_grid(m, n_out, tokens, sms, rows)
+        if rows not in GEMM_WIDE_ROWS:
+            return GemmMmaLaunch(name, shared, grid)
+    if warps == 16:
+        return GemmMmaLaunch(gemm_mma_wide_kernel(name), shared, grid, 2 * THREADS)
+    return GemmMmaLaunch(name, shared, grid)
+
+
+def gemm_mma_wide_kernel(kernel: str) -> str:
+    """The sixteen-warp form of a tensor-core GEMM: gemm_mma16_bf16 -> gemm_mma16w_bf16, gemm_mma8r32_bf16 ->
+    gemm_mma8r32w_bf16, ..."""
+    return kernel.removesuffix("_bf16") + GEMM_WIDE_SUFFIX + "_bf16"
 
 
 def gemm_mma_row_kernel(tokens: int, rows: int) -> str:
@@ -223,9 +242,12 @@ def gemm_mma_forms(k_in: int, halves_tokens: int) -> Iterator[tuple[str, int]]:
         return
     for rows in gemm_mma_fitting_rows(tokens, k_in):
         yield gemm_mma_row_kernel(tokens, rows), gemm_mma_shared(tokens, k_in, rows)
+        if rows in GEMM_WIDE_ROWS:
+            yield gemm_mma_wide_kernel(gemm_mma_row_kernel(tokens, rows)), gemm_mma_shared(tokens, k_in, rows)
     name, _, shared = gemm_mma_kernel(k_in, halves_tokens, halves_tokens)
     if name == "gemm_mma16h_bf16":
         yield name, shared
+        yield gemm_mma_wide_kernel(name), shared
 
 
 def gemm_mma_tokens(k_in: int) -> int:
@@ -595,6 +617,9 @@ class CudaModel:
         self.gemm_rows = env_int(GEMM_ROWS_ENV, 0, 0, max(GEMM_MMA_ROW_FORMS))
         if self.gemm_rows and self.gemm_rows not in GEMM_MMA_ROW_FORMS:
             raise ValueError(f"{GEMM_ROWS_ENV}={self.gemm_rows}: the row-group forms are {sorted(GEMM_MMA_ROW_FORMS)}")
+        self.gemm_warps = env_int(GEMM_WARPS_ENV, 8, 8, 16)
+        if self.gemm_warps not in (8, 16):
+            raise ValueError(f"{GEMM_WARPS_ENV}={self.gemm_warps}: the tensor-core GEMMs run on 8 or 16 warps")
         for k in (c.hidden_size, self.q_width, c.intermediate_size):
             for name, shared in gemm_mma_forms(k, self.gemm_halves_tokens):
                 mma_shared[name] = max(mma_shared.get(name, 0), shared)
@@ -1084,9 +1109,9 @@ class CudaModel:
                 self._max_clusters[key] = kernel.max_active_clusters(probe, (THREADS, 1, 1), plan.shared)
             grid = cluster_grid(m, n_out, plan.tokens, self._max_clusters[key])
             return Launch(kernel, grid, (THREADS, 1, 1), [*args, ("i32", plan.depth)], shared_bytes=plan.shared)
-        mma = gemm_mma_launch(k_in, m, n_out, self.sms, self.gemm_halves_tokens, self.gemm_rows)
+        mma = gemm_mma_launch(k_in, m, n_out, self.sms, self.gemm_halves_tokens, self.gemm_rows, self.gemm_warps)
         if mma is not None:
-            return Launch(self.module.kernel(mma.kernel), mma.grid, (THREADS, 1, 1), args, shared_bytes=mma.shared)
+            return Launch(self.module.kernel(mma.kernel), mma.grid, (mma.threads, 1, 1), args, shared_bytes=mma.shared)
         grid = (-(-n_out // GEMM_TILE), -(-m // GEMM_TILE), 1)
         return Launch(self.module.kernel("gemm_bf16"), grid, (THREADS, 1, 1), args)
 

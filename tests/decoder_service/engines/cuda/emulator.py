@@ -530,11 +530,19 @@ class FakeDriver:
         self._linear(a, a.M, self.view(a.A, np.float32, a.M * a.K).reshape(a.M, a.K), a.C)
 
     def _gemm_mma(
-        self, a: SimpleNamespace, grid: tuple, block: tuple, tokens: int, shared: int, need: int, rows: int = 64
+        self,
+        a: SimpleNamespace,
+        grid: tuple,
+        block: tuple,
+        tokens: int,
+        shared: int,
+        need: int,
+        rows: int = 64,
+        wide: bool = False,
     ) -> None:
         """A tensor-core prefill GEMM launch (cuda/gemm.cuh): ``tokens`` a block, row groups of ``rows``, ``need``
         bytes of shared memory for the staged rows and the K-quarter partials."""
-        assert block == (256, 1, 1), "a tensor-core GEMM block is eight warps"
+        assert block == (512 if wide else 256, 1, 1), "a tensor-core GEMM block is eight warps (sixteen: the w forms)"
         assert a.K % 32 == 0, "the tensor-core GEMM walks K in steps of 32"
         assert grid[0] * tokens >= a.M, "tensor-core GEMM token groups do not cover the tokens"
         assert 1 <= grid[1] <= -(-a.N // rows), "tensor-core GEMM needs between 1 and one block per row group"
@@ -549,6 +557,21 @@ class FakeDriver:
 
     def k_gemm_mma16h_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         self._gemm_mma(a, grid, block, 16, shared, gemm_mma_halves_shared(a.K))
+
+    def k_gemm_mma16w_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        self._gemm_mma(a, grid, block, 16, shared, gemm_mma_shared(16, a.K), wide=True)
+
+    def k_gemm_mma8w_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        self._gemm_mma(a, grid, block, 8, shared, gemm_mma_shared(8, a.K), wide=True)
+
+    def k_gemm_mma16hw_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        self._gemm_mma(a, grid, block, 16, shared, gemm_mma_halves_shared(a.K), wide=True)
+
+    def k_gemm_mma16r32w_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        self._gemm_mma(a, grid, block, 16, shared, gemm_mma_shared(16, a.K, 32), 32, wide=True)
+
+    def k_gemm_mma8r32w_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
+        self._gemm_mma(a, grid, block, 8, shared, gemm_mma_shared(8, a.K, 32), 32, wide=True)
 
     def k_gemm_mma16r32_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         self._gemm_mma(a, grid, block, 16, shared, gemm_mma_shared(16, a.K, 32), 32)

@@ -194,8 +194,23 @@ def test_gemm_row_groups_follow_the_grid(m: int, n_out: int, k_in: int, kernel: 
 
     launch = gemm_mma_launch(k_in, m, n_out, 132, halves_tokens=128)
     tokens = 16 if "mma16" in kernel else 8
-    assert launch == (kernel, gemm_mma_shared(tokens, k_in, rows), grid)
-    assert gemm_mma_launch(6144, 36, 2048, 132, 128) == ("gemm_mma16h_bf16", gemm_mma_halves_shared(6144), (3, 32, 1))
+    assert launch == (kernel, gemm_mma_shared(tokens, k_in, rows), grid, 256)
+    halves = ("gemm_mma16h_bf16", gemm_mma_halves_shared(6144), (3, 32, 1), 256)
+    assert gemm_mma_launch(6144, 36, 2048, 132, 128) == halves
+
+
+def test_sixteen_warps_take_the_32_and_64_row_forms() -> None:
+    """With 16 warps a block, the 32- and 64-row forms and gemm_mma16h_bf16 become their w forms on 512 threads,
+    with the same grid and shared memory; the 128-row form keeps its eight warps."""
+    from decoder_service.engines.cuda.forward import gemm_mma_launch
+
+    for args in ((2048, 36, 2048, 132), (6144, 36, 2048, 132, 128), (2048, 36, 4096, 132), (2048, 16, 4096, 132)):
+        eight, sixteen = gemm_mma_launch(*args), gemm_mma_launch(*args, warps=16)
+        assert eight is not None and sixteen is not None
+        if eight.kernel in ("gemm_mma16_bf16", "gemm_mma16h_bf16", "gemm_mma16r32_bf16"):
+            assert sixteen == (eight.kernel.replace("_bf16", "w_bf16"), eight.shared, eight.grid, 512)
+        else:
+            assert sixteen == eight
 
 
 def test_gemm_rows_setting_takes_one_row_group_form(fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -213,6 +228,27 @@ def test_gemm_rows_setting_takes_one_row_group_form(fake_driver: FakeDriver, mon
     monkeypatch.setenv("TOOLTRIE_GEMM_ROWS", "48")
     before = set(fake_driver.live)
     with pytest.raises(ValueError, match=r"TOOLTRIE_GEMM_ROWS=48: the row-group forms are \[32, 64, 128\]"):
+        tiny_qwen3_model()
+    assert fake_driver.live == before
+
+
+def test_gemm_warps_setting_puts_the_64_row_groups_on_sixteen_warps(
+    fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TOOLTRIE_GEMM_WARPS=16 (with 64-row groups) launches every prefill GEMM of the tiny Qwen3 as gemm_mma16w_bf16
+    on 512 threads (the emulator checks the block); 8 keeps gemm_mma16_bf16; any other count is refused, leaving
+    nothing on the device."""
+    layers = SHAPES["tiny-qwen3"].num_layers
+    monkeypatch.setenv("TOOLTRIE_GEMM_ROWS", "64")
+    for warps, kernel in (("16", "gemm_mma16w_bf16"), ("8", "gemm_mma16_bf16")):
+        monkeypatch.setenv("TOOLTRIE_GEMM_WARPS", warps)
+        fake_driver.launches.clear()
+        tiny_qwen3_model().prefill(prompt_of(SHAPES["tiny-qwen3"], 8))
+        counts = {k: fake_driver.launches.count(k) for k in ("gemm_mma16w_bf16", "gemm_mma16_bf16")}
+        assert counts == {k: 4 * layers if k == kernel else 0 for k in counts}
+    monkeypatch.setenv("TOOLTRIE_GEMM_WARPS", "12")
+    before = set(fake_driver.live)
+    with pytest.raises(ValueError, match=r"TOOLTRIE_GEMM_WARPS=12: the tensor-core GEMMs run on 8 or 16 warps"):
         tiny_qwen3_model()
     assert fake_driver.live == before
 
