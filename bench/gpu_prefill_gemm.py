@@ -1,9 +1,10 @@
-"""Prefill GEMMs alone: the tensor-core kernels on the Qwen3-1.7B shape's four projections (qkv, o, gate|up, down),
-for request suffixes of 16 to 128 tokens and a 512-token prompt chunk, with the grid and shared memory the model
-gives them: gemm_mma16_bf16 (gemm_mma8_bf16 for the down rows) in each of its row-group forms (64 rows, r32 and r128:
-docs/cuda-speed-notes.md #148), gemm_mma16h_bf16 for the down rows (16 tokens with each K-quarter staged in two
-phases, #142) and the cluster GEMM (cuda/gemm_cluster.cuh, #141: each weight read once by a cluster of four
-blocks), their outputs compared word for word; `engine` names the kernel the model launches for the case.
+"""Prefill GEMMs alone: the tensor-core kernels on the Qwen3-1.7B shape's four projections (qkv, o, gate|up, down), for
+request suffixes of 16 to 128 tokens and a 512-token prompt chunk, with the grid and shared memory the model gives
+them: gemm_mma16_bf16 (gemm_mma8_bf16 for the down rows) in each of its row-group forms (64 rows, r32 and r128:
+docs/cuda-speed-notes.md #148), the 64-row form on sixteen warps (gemm_mma16w_bf16, #149), gemm_mma16h_bf16 for the
+down rows (16 tokens with each K-quarter staged in two phases, #142) and the cluster GEMM (cuda/gemm_cluster.cuh,
+#141: each weight read once by a cluster of four blocks), their outputs compared word for word; `engine` names the
+kernel the model launches for the case.
 
 Each case fills random bf16 weights and fp32 inputs and times repeated launches of one shape on one stream (wall
 time over the launches, after one warm-up), every kernel once a round, the faster of two rounds kept. On a GPU
@@ -82,15 +83,12 @@ def run_case(
         )
         for rows in gemm_mma_fitting_rows(tokens, k_in)
     ]
-    forms += [  # the 32- and 64-row groups on sixteen warps
-        (gemm_mma_wide_kernel(kernel), shared, grid, WIDE_THREADS)
-        for kernel, shared, grid, _ in list(forms)
-        if kernel.removeprefix(f"gemm_mma{tokens}").removesuffix("_bf16") in ("", "r32")
-    ]
+    if 64 in gemm_mma_fitting_rows(tokens, k_in):  # the 64-row group on sixteen warps
+        shared, grid = gemm_mma_shared(tokens, k_in, 64), gemm_mma_grid(m, n_out, tokens, sms, 64)
+        forms.append((gemm_mma_wide_kernel(tokens), shared, grid, WIDE_THREADS))
     halves, halves_tokens, halves_shared = gemm_mma_kernel(k_in, m, m)
     if halves == "gemm_mma16h_bf16":
-        for kernel, threads in ((halves, THREADS), (gemm_mma_wide_kernel(halves), WIDE_THREADS)):
-            forms.append((kernel, halves_shared, gemm_mma_grid(m, n_out, halves_tokens, sms), threads))
+        forms.append((halves, halves_shared, gemm_mma_grid(m, n_out, halves_tokens, sms), THREADS))
     for kernel, shared, grid, threads in forms:
         for mod in (module, base) if base is not None and has_kernel(base, kernel) else (module,):
             mod.kernel(kernel).set_max_dynamic_shared(shared)
@@ -148,9 +146,7 @@ def all_rows(module: Module, stream: Stream, base: Module | None = None) -> Iter
 FORM_NAMES = {
     **{gemm_mma_row_kernel(t, r): "64 rows" if r == 64 else f"r{r}" for t in (16, 8) for r in GEMM_MMA_ROW_FORMS},
     "gemm_mma16h_bf16": "16h",
-    **{f"gemm_mma{t}w_bf16": "64 rows w16" for t in (16, 8)},
-    **{f"gemm_mma{t}r32w_bf16": "r32 w16" for t in (16, 8)},
-    "gemm_mma16hw_bf16": "16h w16",
+    **{gemm_mma_wide_kernel(t): "64 rows w16" for t in (16, 8)},
 }
 
 
@@ -162,7 +158,7 @@ def write_report(data: dict[str, Any], results_dir: Path) -> Path:
     """Render an --out file as results_dir/gpu_prefill_gemm.md (a row a case, µs a form, the engine's form in bold)
     and copy it beside as gpu_prefill_gemm.json; return the Markdown file."""
     run, rows = data["run"], data["rows"]
-    forms = ["64 rows", "64 rows w16", "r32", "r32 w16", "r128", "16h", "16h w16", "cluster"]
+    forms = ["64 rows", "64 rows w16", *(f"r{r}" for r in GEMM_MMA_ROW_FORMS if r != 64), "16h", "cluster"]
     base = any("base_us" in v for r in rows for v in r.values() if isinstance(v, dict))
     lines = [
         f"# Prefill GEMMs launched alone, on an {run['device'].removeprefix('NVIDIA ').split()[0]}",
@@ -179,7 +175,8 @@ def write_report(data: dict[str, Any], results_dir: Path) -> Path:
         "stream after a warm-up, every kernel once a round, the faster of two rounds. The columns are the "
         "tensor-core GEMM's forms (`cuda/gemm.cuh`), each with the grid and shared memory the engine gives it: 64 "
         "rows, r32 and r128: gemm_mma16_bf16 (gemm_mma8_bf16 for the down rows, K = 6,144) with row groups of 64, "
-        "32 and 128 rows (`docs/cuda-speed-notes.md` #148); 16h: gemm_mma16h_bf16 (the down rows, 16 tokens "
+        "32 and 128 rows (`docs/cuda-speed-notes.md` #148); 64 rows w16: the 64-row form on sixteen warps "
+        "(gemm_mma16w_bf16, gemm_mma8w_bf16; opt-in, #149); 16h: gemm_mma16h_bf16 (the down rows, 16 tokens "
         "staged in halves, #142); cluster: the cluster GEMM (opt-in, #141). In bold, the form the engine launches "
         "(`gemm_mma_launch` in `decoder_service/engines/cuda/forward.py`). same bits: every form's output equal "
         "word for word to the first's"

@@ -72,14 +72,14 @@ gemm_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_
 // the weights are bf16 already, so hi * w and lo * w are exact products and a is carried to about 16 significant
 // bits (relative error about 2^-17), against 8 for a plain bf16 cast; the sums are the tensor core's fp32 sums.
 //
-// Layout: block (tg, rb) stages tokens tg * T .. tg * T + T - 1 (zeros past M) in shared memory as hi and lo rows,
-// then takes row groups rb, rb + gridDim.y, ... of ROWS = 16 * TILES output rows. Warp w owns half w % 2 of a group's
-// rows (TILES n8 tiles, so each A fragment read from shared memory feeds TILES tiles) and quarter w / 2 of K's steps
-// (ceil(steps / 4) consecutive steps each, so a warp streams its rows contiguously). In step s lane (gid, tig) =
-// (lane / 4, lane % 4) loads 16 bytes of each tile's weight row gid, columns 32 s + 8 tig .. + 7, which feed two
-// k16 mmas: the mma's logical k = 2 tig + e and 8 + 2 tig + e (e = 0, 1) stand for columns 32 s + 8 tig + 4 h + e
-// and + 2 + e in the h-th of them. The same map holds for A's fragments, so every column is summed once. A group's
-// four K-quarters are then added in ascending order through shared memory.
+// Layout: block (tg, rb) stages tokens tg * T .. tg * T + T - 1 (zeros past M) in shared memory as hi and lo rows, then
+// takes row groups rb, rb + gridDim.y, ... of ROWS = 8 * TILES * PARTS output rows. Warp w owns part w % PARTS of a
+// group's rows (TILES n8 tiles, so each A fragment read from shared memory feeds TILES tiles; in the sixteen-warp forms
+// PARTS is 4, else 2) and quarter w / PARTS of K's steps (ceil(steps / 4) consecutive steps each, so a warp streams its
+// rows contiguously). In step s lane (gid, tig) = (lane / 4, lane % 4) loads 16 bytes of each tile's weight row gid,
+// columns 32 s + 8 tig .. + 7, which feed two k16 mmas: the mma's logical k = 2 tig + e and 8 + 2 tig + e (e = 0, 1)
+// stand for columns 32 s + 8 tig + 4 h + e and + 2 + e in the h-th of them. The same map holds for A's fragments, so
+// every column is summed once. A group's four K-quarters are then added in ascending order through shared memory.
 // Weights are requested BATCH steps ahead, across row groups, the first batch before the wait (a second batch in
 // flight through shared memory measured slower: docs/cuda-speed-notes.md #140).
 // Rows a group: 64 (TILES 4, BATCH 4), or 32 (TILES 2) and 128 (TILES 8, BATCH 2: the same bytes in flight). On an
@@ -181,7 +181,7 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
                                          int K) {
     static_assert(T == 8 || T == 16, "a block stages one m16 tile of tokens, or its top half");
     // PARTS * GMMA_KSPLIT warps: PARTS row parts (TILES n8 tiles each), four K-quarters.
-    constexpr int ROWS = PARTS * TILES * 8, RED = ROWS + GMMA_RED_PAD;  // a group's rows; floats a token row of partials
+    constexpr int ROWS = PARTS * TILES * 8, RED = ROWS + GMMA_RED_PAD;  // a group's rows; floats a token's partials
     extern __shared__ __align__(16) unsigned char gmma_smem[];
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, gid = lane / 4, tig = lane % 4;
     const int half = warp % PARTS, quarter = warp / PARTS;  // half: the warp's row part
@@ -353,7 +353,8 @@ gemm_mma8r128_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, co
 }
 
 // Sixteen warps (four row parts of two n8 tiles, four K-quarters) on a 64-row group: twice the warps an SM of
-// gemm_mma16_bf16 for the same staged tokens, each warp's chains those of the 32-row form (the same bits).
+// gemm_mma16_bf16 for the same staged tokens, the same chains of mmas (the same bits). Opt-in: on an H100 within 5%
+// of the eight-warp form alone either way (docs/cuda-speed-notes.md #149).
 extern "C" __global__ void __launch_bounds__(512, 1)
 gemm_mma16w_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
                  const float* residual, float* C, int M, int N, int K) {
@@ -361,26 +362,7 @@ gemm_mma16w_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, cons
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1)
-gemm_mma16hw_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
-                  const float* residual, float* C, int M, int N, int K) {
-    gemm_mma<16, true, 2, GMMA_BATCH, 4>(A, W, bias, residual, C, M, N, K);
-}
-
-extern "C" __global__ void __launch_bounds__(512, 1)
 gemm_mma8w_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
                 const float* residual, float* C, int M, int N, int K) {
     gemm_mma<8, false, 2, GMMA_BATCH, 4>(A, W, bias, residual, C, M, N, K);
-}
-
-// The 32-row group on sixteen warps (four row parts of one n8 tile).
-extern "C" __global__ void __launch_bounds__(512, 1)
-gemm_mma16r32w_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
-                    const float* residual, float* C, int M, int N, int K) {
-    gemm_mma<16, false, 1, GMMA_BATCH, 4>(A, W, bias, residual, C, M, N, K);
-}
-
-extern "C" __global__ void __launch_bounds__(512, 1)
-gemm_mma8r32w_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_t* __restrict__ bias,
-                   const float* residual, float* C, int M, int N, int K) {
-    gemm_mma<8, false, 1, GMMA_BATCH, 4>(A, W, bias, residual, C, M, N, K);
 }

@@ -98,12 +98,10 @@ GEMM_ROWS_ENV = "TOOLTRIE_GEMM_ROWS"
 # two take 64) and at 512 (docs/cuda-speed-notes.md #142).
 GEMM_HALVES_ENV = "TOOLTRIE_GEMM_HALVES_TOKENS"
 GEMM_HALVES_TOKENS = 128
-# The 32- and 64-row forms (gemm_mma16_bf16, gemm_mma8r32_bf16, gemm_mma16h_bf16, ...) on sixteen warps, a warp
-# with half the n8 tiles (gemm_mma16w_bf16, gemm_mma8r32w_bf16, gemm_mma16hw_bf16, ...; the same bits):
-# $TOOLTRIE_GEMM_WARPS=16 takes them.
+# The 64-row forms gemm_mma16_bf16 and gemm_mma8_bf16 on sixteen warps, a warp with two n8 tiles
+# (gemm_mma16w_bf16, gemm_mma8w_bf16; the same bits): $TOOLTRIE_GEMM_WARPS=16 takes them (opt-in: on an H100 a
+# 36-token suffix's prefill 2% faster, each GEMM alone within 5% either way; docs/cuda-speed-notes.md #149).
 GEMM_WARPS_ENV = "TOOLTRIE_GEMM_WARPS"
-GEMM_WIDE_SUFFIX = "w"
-GEMM_WIDE_ROWS = (32, 64)
 ATTN_THREADS = 256
 ATTN_CHUNK = 32  # positions per partial of the decode attention (cuda/attention_decode.cuh)
 ATTN_SPLIT_BLOCKS = 24  # blocks per head of the decode attention; each takes every 24th chunk (three fit an SM)
@@ -211,22 +209,17 @@ def gemm_mma_launch(
     if not name:
         return None
     if name == "gemm_mma16h_bf16":
-        grid = gemm_mma_grid(m, n_out, tokens, sms)
-    else:
-        rows = gemm_mma_rows(m, n_out, k_in, tokens, sms, rows)
-        name, shared = gemm_mma_row_kernel(tokens, rows), gemm_mma_shared(tokens, k_in, rows)
-        grid = gemm_mma_grid(m, n_out, tokens, sms, rows)
-        if rows not in GEMM_WIDE_ROWS:
-            return GemmMmaLaunch(name, shared, grid)
-    if warps == 16:
-        return GemmMmaLaunch(gemm_mma_wide_kernel(name), shared, grid, 2 * THREADS)
-    return GemmMmaLaunch(name, shared, grid)
+        return GemmMmaLaunch(name, shared, gemm_mma_grid(m, n_out, tokens, sms))
+    rows = gemm_mma_rows(m, n_out, k_in, tokens, sms, rows)
+    shared, grid = gemm_mma_shared(tokens, k_in, rows), gemm_mma_grid(m, n_out, tokens, sms, rows)
+    if rows == GEMM_MMA_ROWS and warps == 16:
+        return GemmMmaLaunch(gemm_mma_wide_kernel(tokens), shared, grid, 2 * THREADS)
+    return GemmMmaLaunch(gemm_mma_row_kernel(tokens, rows), shared, grid)
 
 
-def gemm_mma_wide_kernel(kernel: str) -> str:
-    """The sixteen-warp form of a tensor-core GEMM: gemm_mma16_bf16 -> gemm_mma16w_bf16, gemm_mma8r32_bf16 ->
-    gemm_mma8r32w_bf16, ..."""
-    return kernel.removesuffix("_bf16") + GEMM_WIDE_SUFFIX + "_bf16"
+def gemm_mma_wide_kernel(tokens: int) -> str:
+    """The 64-row tensor-core GEMM of ``tokens`` a block on sixteen warps: gemm_mma16w_bf16 or gemm_mma8w_bf16."""
+    return f"gemm_mma{tokens}w_bf16"
 
 
 def gemm_mma_row_kernel(tokens: int, rows: int) -> str:
@@ -242,12 +235,11 @@ def gemm_mma_forms(k_in: int, halves_tokens: int) -> Iterator[tuple[str, int]]:
         return
     for rows in gemm_mma_fitting_rows(tokens, k_in):
         yield gemm_mma_row_kernel(tokens, rows), gemm_mma_shared(tokens, k_in, rows)
-        if rows in GEMM_WIDE_ROWS:
-            yield gemm_mma_wide_kernel(gemm_mma_row_kernel(tokens, rows)), gemm_mma_shared(tokens, k_in, rows)
+        if rows == GEMM_MMA_ROWS:
+            yield gemm_mma_wide_kernel(tokens), gemm_mma_shared(tokens, k_in, rows)
     name, _, shared = gemm_mma_kernel(k_in, halves_tokens, halves_tokens)
     if name == "gemm_mma16h_bf16":
         yield name, shared
-        yield gemm_mma_wide_kernel(name), shared
 
 
 def gemm_mma_tokens(k_in: int) -> int:

@@ -564,15 +564,6 @@ class FakeDriver:
     def k_gemm_mma8w_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         self._gemm_mma(a, grid, block, 8, shared, gemm_mma_shared(8, a.K), wide=True)
 
-    def k_gemm_mma16hw_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
-        self._gemm_mma(a, grid, block, 16, shared, gemm_mma_halves_shared(a.K), wide=True)
-
-    def k_gemm_mma16r32w_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
-        self._gemm_mma(a, grid, block, 16, shared, gemm_mma_shared(16, a.K, 32), 32, wide=True)
-
-    def k_gemm_mma8r32w_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
-        self._gemm_mma(a, grid, block, 8, shared, gemm_mma_shared(8, a.K, 32), 32, wide=True)
-
     def k_gemm_mma16r32_bf16(self, a: SimpleNamespace, grid: tuple, block: tuple, shared: int) -> None:
         self._gemm_mma(a, grid, block, 16, shared, gemm_mma_shared(16, a.K, 32), 32)
 

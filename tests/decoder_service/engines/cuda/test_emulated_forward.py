@@ -199,16 +199,16 @@ def test_gemm_row_groups_follow_the_grid(m: int, n_out: int, k_in: int, kernel: 
     assert gemm_mma_launch(6144, 36, 2048, 132, 128) == halves
 
 
-def test_sixteen_warps_take_the_32_and_64_row_forms() -> None:
-    """With 16 warps a block, the 32- and 64-row forms and gemm_mma16h_bf16 become their w forms on 512 threads,
-    with the same grid and shared memory; the 128-row form keeps its eight warps."""
+def test_sixteen_warps_take_the_64_row_forms() -> None:
+    """With 16 warps a block, the 64-row forms become their w forms on 512 threads, with the same grid and shared
+    memory; the 32- and 128-row forms and gemm_mma16h_bf16 keep their eight warps."""
     from decoder_service.engines.cuda.forward import gemm_mma_launch
 
     for args in ((2048, 36, 2048, 132), (6144, 36, 2048, 132, 128), (2048, 36, 4096, 132), (2048, 16, 4096, 132)):
         eight, sixteen = gemm_mma_launch(*args), gemm_mma_launch(*args, warps=16)
         assert eight is not None and sixteen is not None
-        if eight.kernel in ("gemm_mma16_bf16", "gemm_mma16h_bf16", "gemm_mma16r32_bf16"):
-            assert sixteen == (eight.kernel.replace("_bf16", "w_bf16"), eight.shared, eight.grid, 512)
+        if eight.kernel == "gemm_mma16_bf16":
+            assert sixteen == ("gemm_mma16w_bf16", eight.shared, eight.grid, 512)
         else:
             assert sixteen == eight
 

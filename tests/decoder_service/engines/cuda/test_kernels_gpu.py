@@ -603,41 +603,30 @@ def test_gemm_mma(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_i
     ("m", "n_out", "k_in"), [(1, 130, 224), (13, 2048, 576), (37, 520, 6144), (70, 300, 2048), (16, 33, 64)]
 )
 def test_gemm_mma_row_forms(dev: Device, rng: np.random.Generator, m: int, n_out: int, k_in: int) -> None:
-    """The 32- and 128-row forms of the tensor-core GEMM, and the 32- and 64-row groups on sixteen warps (the w forms,
-    with the halves form where 16 tokens' rows fit only in halves), give the 64-row form's bits, each at a block per row
-    group and at a third of that (several groups a block; 70 tokens: several token groups)."""
-    from decoder_service.engines.cuda.forward import (
-        GEMM_MMA_ROW_FORMS,
-        gemm_mma_halves_shared,
-        gemm_mma_row_kernel,
-    )
+    """The 32- and 128-row forms of the tensor-core GEMM, and the 64-row group on sixteen warps (the w form), give
+    the 64-row form's bits, each at a block per row group and at a third of that (several groups a block; 70
+    tokens: several token groups)."""
+    from decoder_service.engines.cuda.forward import GEMM_MMA_ROW_FORMS, gemm_mma_row_kernel, gemm_mma_wide_kernel
 
     kernel, tokens, shared = _gemm_mma_form(dev, k_in)
     _, (wb, xb, bb, rb) = _gemm_operands(dev, rng, m, n_out, k_in)
     args = (xb, wb, bb, rb)
 
-    def run(name: str, room: int, row_blocks: int, tokens: int = tokens, threads: int = 256) -> np.ndarray:
+    def run(name: str, room: int, row_blocks: int, threads: int = 256) -> np.ndarray:
         out = dev.poisoned(m * n_out)
         grid = (-(-m // tokens), row_blocks, 1)
         dev.launch(name, grid, (threads, 1, 1), _gemm_args(*args, out, m, n_out, k_in), room)
         return dev.get(out, F32, (m, n_out)).view(np.uint32)
 
     want = run(kernel, shared, -(-n_out // 64))
-    forms = [(gemm_mma_row_kernel(tokens, r), gemm_mma_shared(tokens, k_in, r), r, tokens, 256) for r in (32, 128)]
-    forms += [
-        (f"gemm_mma{tokens}{r}w_bf16", gemm_mma_shared(tokens, k_in, n), n, tokens, 512)
-        for r, n in (("", 64), ("r32", 32))
-    ]
-    if tokens == 8:  # 16 tokens in halves, on eight warps and on sixteen
-        forms += [
-            (f"gemm_mma16{w}_bf16", gemm_mma_halves_shared(k_in), 64, 16, t) for w, t in (("h", 256), ("hw", 512))
-        ]
-    assert {r for _, _, r, _, _ in forms} == set(GEMM_MMA_ROW_FORMS)
-    for name, room, rows, form_tokens, threads in forms:
+    forms = [(gemm_mma_row_kernel(tokens, r), gemm_mma_shared(tokens, k_in, r), r, 256) for r in (32, 128)]
+    forms.append((gemm_mma_wide_kernel(tokens), shared, 64, 512))
+    assert {rows for _, _, rows, _ in forms} == set(GEMM_MMA_ROW_FORMS)
+    for name, room, rows, threads in forms:
         dev.module.kernel(name).set_max_dynamic_shared(room)
         groups = -(-n_out // rows)
         for row_blocks in sorted({groups, max(1, groups // 3)}):
-            same = np.array_equal(run(name, room, row_blocks, form_tokens, threads), want)
+            same = np.array_equal(run(name, room, row_blocks, threads), want)
             record("kernel", f"{name}/bit-identical/{m}x{n_out}x{k_in}/rows{row_blocks}", exact=same)
             assert same, f"{name} at {row_blocks} row blocks differs from {kernel}"
 
