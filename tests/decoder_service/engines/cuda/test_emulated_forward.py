@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import pytest
@@ -213,55 +214,56 @@ def test_sixteen_warps_take_the_64_row_forms() -> None:
             assert sixteen == eight
 
 
+def prefill_launch_counts(driver: FakeDriver, kernels: Iterable[str]) -> dict[str, int]:
+    """How often each of ``kernels`` is launched by an 8-token prefill of the tiny Qwen3 built under the current
+    TOOLTRIE_* settings."""
+    driver.launches.clear()
+    tiny_qwen3_model().prefill(prompt_of(SHAPES["tiny-qwen3"], 8))
+    return {k: driver.launches.count(k) for k in kernels}
+
+
 def test_gemm_rows_setting_takes_one_row_group_form(fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
-    """TOOLTRIE_GEMM_ROWS=32, 64 or 128 puts every prefill GEMM of the tiny Qwen3 (8-token chunks) on that form; any
-    other row count is refused with the forms named, leaving nothing on the device."""
+    """TOOLTRIE_GEMM_ROWS=32, 64 or 128 puts every prefill GEMM of the tiny Qwen3 (8-token chunks) on that form."""
     from decoder_service.engines.cuda.forward import GEMM_MMA_ROW_FORMS, gemm_mma_row_kernel
 
     layers = SHAPES["tiny-qwen3"].num_layers
+    kernels = [gemm_mma_row_kernel(16, r) for r in GEMM_MMA_ROW_FORMS]
     for rows in GEMM_MMA_ROW_FORMS:
         monkeypatch.setenv("TOOLTRIE_GEMM_ROWS", str(rows))
-        fake_driver.launches.clear()
-        tiny_qwen3_model().prefill(prompt_of(SHAPES["tiny-qwen3"], 8))
-        counts = {r: fake_driver.launches.count(gemm_mma_row_kernel(16, r)) for r in GEMM_MMA_ROW_FORMS}
-        assert counts == {r: 4 * layers if r == rows else 0 for r in GEMM_MMA_ROW_FORMS}
-    monkeypatch.setenv("TOOLTRIE_GEMM_ROWS", "48")
-    before = set(fake_driver.live)
-    with pytest.raises(ValueError, match=r"TOOLTRIE_GEMM_ROWS=48: the row-group forms are \[32, 64, 128\]"):
-        tiny_qwen3_model()
-    assert fake_driver.live == before
+        want = {k: 4 * layers if k == gemm_mma_row_kernel(16, rows) else 0 for k in kernels}
+        assert prefill_launch_counts(fake_driver, kernels) == want
 
 
 def test_gemm_warps_setting_puts_the_64_row_groups_on_sixteen_warps(
     fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """TOOLTRIE_GEMM_WARPS=16 (with 64-row groups) launches every prefill GEMM of the tiny Qwen3 as gemm_mma16w_bf16
-    on 512 threads (the emulator checks the block); 8 keeps gemm_mma16_bf16; any other count is refused, leaving
-    nothing on the device."""
+    on 512 threads (the emulator checks the block); 8 keeps gemm_mma16_bf16."""
     layers = SHAPES["tiny-qwen3"].num_layers
+    kernels = ("gemm_mma16w_bf16", "gemm_mma16_bf16")
     monkeypatch.setenv("TOOLTRIE_GEMM_ROWS", "64")
-    for warps, kernel in (("16", "gemm_mma16w_bf16"), ("8", "gemm_mma16_bf16")):
+    for warps, kernel in zip(("16", "8"), kernels, strict=True):
         monkeypatch.setenv("TOOLTRIE_GEMM_WARPS", warps)
-        fake_driver.launches.clear()
-        tiny_qwen3_model().prefill(prompt_of(SHAPES["tiny-qwen3"], 8))
-        counts = {k: fake_driver.launches.count(k) for k in ("gemm_mma16w_bf16", "gemm_mma16_bf16")}
-        assert counts == {k: 4 * layers if k == kernel else 0 for k in counts}
-    monkeypatch.setenv("TOOLTRIE_GEMM_WARPS", "12")
-    before = set(fake_driver.live)
-    with pytest.raises(ValueError, match=r"TOOLTRIE_GEMM_WARPS=12: the tensor-core GEMMs run on 8 or 16 warps"):
-        tiny_qwen3_model()
-    assert fake_driver.live == before
+        assert prefill_launch_counts(fake_driver, kernels) == {k: 4 * layers if k == kernel else 0 for k in kernels}
 
 
-@pytest.mark.parametrize(("name", "value"), [("TOOLTRIE_GEMV_STAGES", "99"), ("TOOLTRIE_PREFILL_ATTENTION", "2")])
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("TOOLTRIE_GEMV_STAGES", "99", "TOOLTRIE_GEMV_STAGES=99 is out of range"),
+        ("TOOLTRIE_PREFILL_ATTENTION", "2", "TOOLTRIE_PREFILL_ATTENTION=2 is out of range"),
+        ("TOOLTRIE_GEMM_ROWS", "48", r"TOOLTRIE_GEMM_ROWS=48: the row-group forms are \[32, 64, 128\]"),
+        ("TOOLTRIE_GEMM_WARPS", "12", "TOOLTRIE_GEMM_WARPS=12: the tensor-core GEMMs run on 8 or 16 warps"),
+    ],
+)
 def test_a_refused_setting_leaves_nothing_on_the_device(
-    fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch, name: str, value: str
+    fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str
 ) -> None:
     """A setting read after the weights and buffers went up, refused: the error names it, and the half-built
     model frees every allocation it made."""
     monkeypatch.setenv(name, value)
     before = set(fake_driver.live)
-    with pytest.raises(ValueError, match=f"{name}={value} is out of range"):
+    with pytest.raises(ValueError, match=message):
         tiny_qwen3_model()
     assert fake_driver.live == before
 
