@@ -91,7 +91,7 @@ gemm_bf16(const float* __restrict__ A, const bf16_t* __restrict__ W, const bf16_
 // an mma's row does not depend on the other rows of its tile, so a token's results do not depend on the tokens
 // beside it (prefill chunks give the same bits). Requires K % 32 == 0. Dynamic shared memory: gemm_mma_shared().
 #define GMMA_TILES 4         // n8 tiles a warp owns in the 64-row form: half of a group's rows
-#define GMMA_KSPLIT 4        // warps that share a row half, each taking a quarter of K's steps
+#define GMMA_KSPLIT 4        // warps that share a row part, each taking a quarter of K's steps
 #define GMMA_BATCH 4         // steps of weights a lane keeps in flight in the 64-row form (4 loads of 16 bytes each)
 #define GMMA_RED_PAD 4       // floats past a group's rows in a token row of the partials (no bank conflicts)
 
@@ -184,7 +184,7 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
     constexpr int ROWS = PARTS * TILES * 8, RED = ROWS + GMMA_RED_PAD;  // a group's rows; floats a token's partials
     extern __shared__ __align__(16) unsigned char gmma_smem[];
     const int lane = threadIdx.x % TT_WARP, warp = threadIdx.x / TT_WARP, gid = lane / 4, tig = lane % 4;
-    const int half = warp % PARTS, quarter = warp / PARTS;  // half: the warp's row part
+    const int part = warp % PARTS, quarter = warp / PARTS;  // the warp's row part and K-quarter
     const int steps = K / 32;
     const int quarter_steps = (steps + GMMA_KSPLIT - 1) / GMMA_KSPLIT, first_step = quarter * quarter_steps;
     // HALVES: each quarter's steps in two phases of hs steps (whole batches), staged one phase at a time.
@@ -201,7 +201,7 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
     const uint4* wrow[TILES];  // the tiles' rows gid in the group being loaded, at the batch being loaded
     int load_b = 0, load_g = blockIdx.y;
     auto aim = [&](int g) {
-        const int row0 = g * ROWS + half * (TILES * 8) + gid;
+        const int row0 = g * ROWS + part * (TILES * 8) + gid;
 #pragma unroll
         for (int r = 0; r < TILES; ++r)
             wrow[r] = reinterpret_cast<const uint4*>(W + (size_t)min(row0 + r * 8, N - 1) * K) + tig + first_step * 4;
@@ -277,7 +277,7 @@ __device__ __forceinline__ void gemm_mma(const float* __restrict__ A, const bf16
             for (int e = 0; e < 4; ++e) {
                 const int row = gid + (e / 2) * 8;
                 if (row < T)
-                    red[(quarter * T + row) * RED + half * TILES * 8 + r * 8 + tig * 2 + e % 2] = acc[r][e];
+                    red[(quarter * T + row) * RED + part * TILES * 8 + r * 8 + tig * 2 + e % 2] = acc[r][e];
                 acc[r][e] = 0.0f;
             }
         __syncthreads();
