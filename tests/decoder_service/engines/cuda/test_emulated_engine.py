@@ -203,18 +203,17 @@ def test_an_engine_that_fails_to_build_leaves_nothing_on_the_device(
     from decoder_service.engines.cuda.engine import CudaEngine
     from decoder_service.engines.cuda.module import Module
 
-    allocations = 0
+    allocations, step_buffer = 0, step.DeviceBuffer
 
-    def refuse_one(nbytes: int) -> step.DeviceBuffer:
+    def allocate_until_failing(nbytes: int) -> step.DeviceBuffer:
         nonlocal allocations
         allocations += 1
         if allocations > failing:
             raise CudaError("cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY")
         return step_buffer(nbytes)
 
-    step_buffer = step.DeviceBuffer
-    monkeypatch.setattr(step, "DeviceBuffer", refuse_one)
-    monkeypatch.setattr(step, "MappedHostBuffer", refuse_one)  # the state's last buffer, mapped or polled
+    monkeypatch.setattr(step, "DeviceBuffer", allocate_until_failing)
+    monkeypatch.setattr(step, "MappedHostBuffer", allocate_until_failing)  # the state's last buffer, mapped or polled
     before, before_host = set(fake_driver.live), set(fake_driver.live_host)
     with pytest.raises(CudaError, match="OUT_OF_MEMORY"):
         CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=512)
