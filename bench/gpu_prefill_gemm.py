@@ -38,12 +38,11 @@ from decoder_service.engines.cuda.driver import CudaError, Stream, multiprocesso
 from decoder_service.engines.cuda.forward import (  # noqa: E402
     GEMM_HALVES_TOKENS,
     GEMM_MMA_ROW_FORMS,
+    GEMM_MMA_ROWS,
     gemm_mma_fitting_rows,
-    gemm_mma_grid,
     gemm_mma_kernel,
     gemm_mma_launch,
     gemm_mma_row_kernel,
-    gemm_mma_shared,
     gemm_mma_wide_kernel,
 )
 from decoder_service.engines.cuda.gemm_cluster import cluster_grid, cluster_plan  # noqa: E402
@@ -54,7 +53,6 @@ from tests.decoder_service.engines.cuda.gpu_harness import Device, bf16_random  
 SHAPES = (("qkv", 4096, 2048), ("o", 2048, 2048), ("gate_up", 12288, 2048), ("down", 2048, 6144))
 CASES = ((16, 20), (36, 20), (64, 20), (128, 10), (512, 5))  # (tokens, timed launches)
 THREADS = 256
-WIDE_THREADS = 512  # the sixteen-warp forms
 ROUNDS = 2  # each kernel's time: the faster of this many rounds
 
 
@@ -73,23 +71,18 @@ def run_case(
     base_args = [("ptr", xb.ptr), ("ptr", wb.ptr), ("ptr", 0), ("ptr", 0)]
     sizes = [("i32", m), ("i32", n_out), ("i32", k_in)]
     launches = []  # (kernel, its module, output buffer, launch)
-    tokens = gemm_mma_kernel(k_in)[1]
-    forms = [  # (kernel, shared, grid, threads): each row-group form that fits, then the halves form where it applies
-        (
-            gemm_mma_row_kernel(tokens, rows),
-            gemm_mma_shared(tokens, k_in, rows),
-            gemm_mma_grid(m, n_out, tokens, sms, rows),
-            THREADS,
-        )
-        for rows in gemm_mma_fitting_rows(tokens, k_in)
-    ]
-    if 64 in gemm_mma_fitting_rows(tokens, k_in):  # the 64-row group on sixteen warps
-        shared, grid = gemm_mma_shared(tokens, k_in, 64), gemm_mma_grid(m, n_out, tokens, sms, 64)
-        forms.append((gemm_mma_wide_kernel(tokens), shared, grid, WIDE_THREADS))
-    halves, halves_tokens, halves_shared = gemm_mma_kernel(k_in, m, m)
-    if halves == "gemm_mma16h_bf16":
-        forms.append((halves, halves_shared, gemm_mma_grid(m, n_out, halves_tokens, sms), THREADS))
-    for kernel, shared, grid, threads in forms:
+    # Each row-group form that fits, the 64-row form on sixteen warps, then the halves form where it applies: the
+    # launches the engine would make with those settings.
+    fits = gemm_mma_fitting_rows(gemm_mma_kernel(k_in)[1], k_in)
+    forms = [gemm_mma_launch(k_in, m, n_out, sms, rows=rows) for rows in fits]
+    if GEMM_MMA_ROWS in fits:
+        forms.append(gemm_mma_launch(k_in, m, n_out, sms, rows=GEMM_MMA_ROWS, warps=16))
+    halves = gemm_mma_launch(k_in, m, n_out, sms, halves_tokens=m)
+    if halves is not None and halves.kernel == "gemm_mma16h_bf16":
+        forms.append(halves)
+    for form in forms:
+        assert form is not None, "every shape here takes the tensor-core GEMM"
+        kernel, shared, grid, threads = form
         for mod in (module, base) if base is not None and has_kernel(base, kernel) else (module,):
             mod.kernel(kernel).set_max_dynamic_shared(shared)
             out = dev.poisoned(m * n_out)

@@ -41,7 +41,8 @@ def test_bench_rows_and_report(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         kernels = {k for k, v in row.items() if isinstance(v, dict)}
         assert row["engine"] in kernels and row["same_bits"] is True
         tokens = 16 if k_in == 512 else 8
-        assert {f"gemm_mma{tokens}_bf16", f"gemm_mma{tokens}r32_bf16", f"gemm_mma{tokens}r128_bf16"} <= kernels
+        forms = {f"gemm_mma{tokens}{form}_bf16" for form in ("", "r32", "r128", "w")}
+        assert forms <= kernels
     assert "gemm_mma16h_bf16" in data["rows"][3]  # the down rows at 36 tokens: 16 in halves
 
     monkeypatch.setattr(sys, "argv", ["bench/gpu_prefill_gemm.py", "--report", str(out), "--results", str(results)])

@@ -62,6 +62,8 @@ def test_cubin_builds_with_every_kernel(product_cubin: Path) -> None:
         "gemm_mma8r32_bf16",
         "gemm_mma16r128_bf16",
         "gemm_mma8r128_bf16",
+        "gemm_mma16w_bf16",
+        "gemm_mma8w_bf16",
         "gemm_mma_cluster1_bf16",
         "gemm_mma_cluster2_bf16",
         "gemm_mma_cluster3_bf16",

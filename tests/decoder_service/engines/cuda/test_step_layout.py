@@ -55,14 +55,23 @@ def test_decode_attention_chunk_and_cluster_match_the_kernel() -> None:
 def test_tensor_core_gemm_layout_matches_the_kernel() -> None:
     macros = _macros("gemm.cuh")
     assert (macros["GMMA_TILES"] * 16, macros["GMMA_RED_PAD"]) == (forward.GEMM_MMA_ROWS, forward.GEMM_MMA_RED_PAD)
-    # every row-group form the host launches, compiled with TILES = rows / 16 (16 rows a pair of n8 tiles)
+    # every row-group form the host launches, compiled with 8 * TILES * PARTS = rows (PARTS: 2, or 4 in the
+    # sixteen-warp forms), and with as many warps as the host launches it on
     text = (CUDA_DIR / "gemm.cuh").read_text()
-    for rows in forward.GEMM_MMA_ROW_FORMS:
-        for tokens in forward.GEMM_MMA_TOKENS:
-            name = forward.gemm_mma_row_kernel(tokens, rows)
-            body = re.search(rf"{name}\(.*?\{{\s*gemm_mma<(\d+)(?:, false, (\d+))?", text, re.S)
+    for tokens in forward.GEMM_MMA_TOKENS:
+        forms = [(forward.gemm_mma_row_kernel(tokens, rows), rows, 2) for rows in forward.GEMM_MMA_ROW_FORMS]
+        forms.append((forward.gemm_mma_wide_kernel(tokens), forward.GEMM_MMA_ROWS, 4))
+        for name, rows, parts in forms:
+            body = re.search(
+                rf"__launch_bounds__\((\d+), 1\)\s*{name}\(.*?\{{\s*gemm_mma<(\d+)(?:, false, (\d+)(?:, \w+, (\d+))?)?",
+                text,
+                re.S,
+            )
             assert body, f"{name} is not in gemm.cuh"
-            assert (int(body[1]), int(body[2] or macros["GMMA_TILES"])) == (tokens, rows // 16), name
+            threads, staged = int(body[1]), int(body[2])
+            tiles, compiled_parts = int(body[3] or macros["GMMA_TILES"]), int(body[4] or 2)
+            assert (staged, 8 * tiles * compiled_parts, compiled_parts) == (tokens, rows, parts), name
+            assert threads == parts * macros["GMMA_KSPLIT"] * 32, name  # a warp a (row part, K-quarter)
     assert macros["GMMA_KSPLIT"] == 4  # gemm_mma_shared's four K-quarter partials
     assert macros["GMMA_BATCH"] == forward.GEMM_MMA_BATCH  # gemm_mma_halves_shared's phases: whole batches
     # the hosts' gemm_mma_stride (gemm_mma_shared, gemm_mma_halves_shared, the cluster GEMM's quarter_stride)
