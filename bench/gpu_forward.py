@@ -359,6 +359,39 @@ def prefill_study(stream: Stream, model: CudaModel, prefix: int, suffix: int) ->
     }
 
 
+GEMM_WARPS_SUFFIXES = (8, 16, 36, 64, 128, 256)
+
+
+def gemm_warps_sweep(
+    stream: Stream, model: CudaModel, prefix: int, rounds: int = 3
+) -> dict[str, dict[str, list[float]]]:
+    """A request suffix's prefill after ``prefix`` cached positions, for each length in GEMM_WARPS_SUFFIXES: its launch
+    list with the tensor-core GEMMs on 8 warps and on 16 (TOOLTRIE_GEMM_WARPS, docs/cuda-speed-notes.md #149), each
+    replayed as a graph, the two alternated over ``rounds``. Only the 64-row groups change form, so a length whose
+    GEMMs take no 64-row group times the same launches twice (a control)."""
+    rng = np.random.default_rng(5)
+    saved = model.gemm_warps
+    out: dict[str, dict[str, list[float]]] = {}
+    try:
+        for suffix in GEMM_WARPS_SUFFIXES:
+            if suffix > model.max_prefill:
+                continue
+            model.tokens.upload(rng.integers(0, model.config.vocab_size, suffix).astype(np.int32), stream)
+            lists = {}
+            for warps in (8, 16):
+                model.gemm_warps = warps
+                lists[warps] = model._build(suffix, tokens_ptr=model.tokens.ptr, pos=prefix)[0]
+            times: dict[str, list[float]] = {"8": [], "16": []}
+            for _ in range(rounds):
+                for warps, launches in lists.items():
+                    times[str(warps)].append(graph_ms(stream, launches, 20))
+            out[str(suffix)] = times
+    finally:
+        model.gemm_warps = saved
+        model.length = prefix
+    return out
+
+
 def run_cuda_probe(name: str) -> dict[str, object]:
     """Build bench/<name>.cu with nvcc and run it; its standard output is one JSON object. Holds the reason instead
     when nvcc, the build or the run fails."""
@@ -441,6 +474,29 @@ def handover_probe_lines(probe: dict[str, object]) -> list[str]:
             continue
         cells = " | ".join(f"{by_slots[k]['ns_per_handover']:.0f}" if k in by_slots else "-" for k in [0, *slots])
         lines.append(f"| {test} | {cluster} | {where} | {cells} |")
+    return lines
+
+
+def gemm_warps_lines(b: dict[str, object]) -> list[str]:
+    """The report's table of `gemm_warps_sweep`: each suffix's rounds on 8 and on 16 warps."""
+    warps = b.get("gemm_warps_prefill_ms")
+    if not warps:
+        return []
+    lines = [
+        "",
+        f"A request suffix's prefill after a {b['prompt_tokens']}-token prefix, its tensor-core GEMMs' 64-row "
+        "groups on 8 warps (the default) and on 16 (`TOOLTRIE_GEMM_WARPS=16`): graph replays of its launch list, "
+        "the two alternated, ms in each round:",
+        "",
+        "| suffix tokens | 8 warps | 16 warps | 16 against 8, means (µs) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for suffix, times in warps.items():
+        eight, sixteen = times["8"], times["16"]
+        lines.append(
+            f"| {suffix} | {' / '.join(f'{t:.3f}' for t in eight)} | {' / '.join(f'{t:.3f}' for t in sixteen)} "
+            f"| {(np.mean(sixteen) - np.mean(eight)) * 1e3:+.1f} |"
+        )
     return lines
 
 
@@ -653,6 +709,7 @@ def write_report(run_dir: Path, results_dir: Path) -> None:
                 f"`attention` (a block per head and token) the graph takes "
                 f"{pre['graph_ms_with_plain_attention']:.1f} ms."
             )
+    lines += gemm_warps_lines(b)
     for position, row in (b.get("forced_chain") or {}).items():
         shares = ", ".join(
             f"{label} {ms:.3f}" for label, ms in sorted(row["chain_breakdown_ms"].items(), key=lambda kv: -kv[1])
@@ -695,8 +752,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--sweeps",
-        default="breakdown,grid,prefix,alone,sync,stream,handover,prefill,chain",
-        help="comma-separated studies: breakdown, grid, prefix, alone, sync, stream, handover, prefill, chain "
+        default="breakdown,grid,prefix,alone,sync,stream,handover,prefill,gemmwarps,chain",
+        help="comma-separated studies: breakdown, grid, prefix, alone, sync, stream, handover, prefill, gemmwarps, "
+        "chain "
         "(default: all), fp8layout (with --weights fp8), persistent (the persistent kernel's ring, cap and poll sleep)",
     )
     parser.add_argument(
@@ -772,6 +830,7 @@ def main() -> int:
     probe = stream_probe() if "stream" in sweeps else {}
     handover = handover_probe() if "handover" in sweeps else {}
     prefill_parts = prefill_study(stream, model, args.prompt, 36) if "prefill" in sweeps else {}
+    gemm_warps = gemm_warps_sweep(stream, model, args.prompt) if "gemmwarps" in sweeps else {}
     chains = chain_study(stream, model, [args.prompt, args.prompt + 508]) if "chain" in sweeps else {}
     fp8_layouts = fp8_layout_sweep(stream, model, args.prompt) if "fp8layout" in sweeps else {}
     persistent_rings = persistent_sweep(stream, model, args.prompt) if "persistent" in sweeps else {}
@@ -813,6 +872,7 @@ def main() -> int:
         "stream_probe": probe,
         "handover_probe": handover,
         "suffix_prefill": prefill_parts,
+        "gemm_warps_prefill_ms": gemm_warps,
         "forced_chain": chains,
         "fp8_layout_sweep_ms_per_token": fp8_layouts,
         "persistent_ring_sweep_ms_per_token": persistent_rings,
