@@ -24,10 +24,10 @@ from decoder_service.engines.cuda.gemm_cluster import (
     cluster_plan,
     gemm_mma_stride,
 )
-from decoder_service.engines.cuda.memory import DeviceBuffer
+from decoder_service.engines.cuda.memory import DeviceBuffer, check_device_memory
 from decoder_service.engines.cuda.module import MAX_SHARED_PER_BLOCK, Launch, Module
 from decoder_service.engines.cuda.persistent import ATTN_MERGE_SPLIT, PersistentDecode, decode_kernel_choice
-from decoder_service.engines.cuda.weights import Fp8Weight, ModelWeights, upload_weights
+from decoder_service.engines.cuda.weights import Fp8Weight, ModelWeights, resident_weight_bytes, upload_weights
 from decoder_service.engines.env import env_int
 from decoder_service.models.config import ModelConfig
 
@@ -458,6 +458,23 @@ def check_config(config: ModelConfig) -> None:
             raise ValueError(f"{name} {k} must be a multiple of 8 (GEMV reads 16-byte rows)")
 
 
+def model_device_bytes(config: ModelConfig, max_context: int, max_prefill: int, weight_format: str) -> dict[str, int]:
+    """What a CudaModel keeps on the device, by part: its weights (resident_weight_bytes), the KV cache of
+    ``max_context`` positions, and its buffers (a prefill chunk's activations, the logits, the rotary table,
+    decode attention's chunk records). A persistent decode kernel adds its own plan and flags."""
+    c = config
+    q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    # x, xn, qkv, attn, gate_up, act and the prompt ids of a chunk (cf. _setup)
+    chunk = max_prefill * (2 * c.hidden_size + q_width + 2 * kv_width + q_width + 3 * c.intermediate_size + 1)
+    records = CHAIN_TOKENS * c.num_heads * (-(-max_context // ATTN_CHUNK) * (c.head_dim + 2) + 1)
+    buffers = (chunk + c.vocab_size + 1 + max_context * c.head_dim + records) * F32
+    return {
+        "weights": resident_weight_bytes(c, weight_format),
+        "KV cache": 2 * c.num_layers * max_context * kv_width * KV_ENTRY_BYTES,
+        "buffers": buffers,
+    }
+
+
 class CudaModel:
     """One sequence's forward pass on the GPU (batch 1).
 
@@ -504,6 +521,11 @@ class CudaModel:
         self.max_context = max_context
         self.max_prefill = max_prefill
         self.weight_format = weight_format
+        # Refused before the upload, which would otherwise fail part of the way in.
+        check_device_memory(
+            f"the model ({weight_format} weights, a KV cache of {max_context} positions)",
+            model_device_bytes(config, max_context, max_prefill, weight_format),
+        )
         self.weights: ModelWeights = upload_weights(config, weights, self.stream, weight_format)
         c = config
         self.q_width = c.num_heads * c.head_dim

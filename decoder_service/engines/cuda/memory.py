@@ -5,8 +5,37 @@ from __future__ import annotations
 import numpy as np
 
 from decoder_service.engines.cuda import driver
-from decoder_service.engines.cuda.driver import Stream, call
+from decoder_service.engines.cuda.driver import CudaError, Stream, call
 from decoder_service.models.bf16 import float32_to_bf16_bits
+
+
+class DeviceMemoryError(CudaError):
+    """The device has too little free memory for an allocation or a model; the message says how much of each."""
+
+
+def device_memory() -> tuple[int, int]:
+    """(free, total) bytes of the current device's memory."""
+    driver.init()
+    free, total = call("cuMemGetInfo")
+    return int(free), int(total)
+
+
+def byte_size(n: int) -> str:
+    """``n`` bytes for a message: MiB below a GiB, GiB from there."""
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+
+
+def check_device_memory(what: str, parts: dict[str, int]) -> None:
+    """DeviceMemoryError unless the device has the bytes of every part of ``what`` free at once; the message names
+    each part and the device's free and total memory."""
+    need = sum(parts.values())
+    free, total = device_memory()
+    if need > free:
+        detail = ", ".join(f"{name} {byte_size(n)}" for name, n in parts.items())
+        raise DeviceMemoryError(
+            f"{what} needs {byte_size(need)} of device memory ({detail}); the device has {byte_size(free)} free of "
+            f"{byte_size(total)}"
+        )
 
 
 class DeviceBuffer:
@@ -17,7 +46,14 @@ class DeviceBuffer:
             raise ValueError(f"device buffer size must be positive, got {nbytes}")
         driver.init()
         self.nbytes = int(nbytes)
-        self.ptr = int(call("cuMemAlloc", self.nbytes))
+        result = driver.cu.cuMemAlloc(self.nbytes)
+        if result[0] == driver.cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+            free, total = device_memory()
+            raise DeviceMemoryError(
+                f"cuMemAlloc of {byte_size(self.nbytes)} failed: out of device memory ({byte_size(free)} free of "
+                f"{byte_size(total)})"
+            )
+        self.ptr = int(driver.check(result, "cuMemAlloc"))
 
     @classmethod
     def from_array(cls, array: np.ndarray, stream: Stream) -> DeviceBuffer:

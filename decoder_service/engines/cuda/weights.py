@@ -176,6 +176,18 @@ def check_fp8_shapes(config: ModelConfig) -> None:
         raise ValueError(f"the FP8 weight format needs projection inputs a multiple of 16 wide; this model has {odd}")
 
 
+def resident_weight_bytes(config: ModelConfig, weight_format: str = "bf16") -> int:
+    """Bytes that upload_weights keeps on the device: every tensor in bf16 (the embedding whole), and with 'fp8' the
+    layer projections' e4m3 rows and their scales beside them (prefill, chains and the persistent kernel read the
+    bf16 copy)."""
+    shapes = expected_shapes(config)
+    total = 2 * sum(math.prod(shape) for shape in shapes.values())
+    if weight_format == "fp8":
+        projections = [shape for name, shape in shapes.items() if name.endswith(QUANTIZED_PROJECTIONS)]
+        total += sum(math.prod(shape) + 4 * shape[0] for shape in projections)
+    return total
+
+
 def weight_bytes(config: ModelConfig, weight_format: str = "bf16") -> int:
     """Bytes of weights one decode step reads: every tensor once, but of the embedding only a row (ignored)
     unless it doubles as the tied head. FP8: a byte per projection weight plus 4 per row (its scale)."""

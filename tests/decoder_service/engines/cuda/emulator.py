@@ -58,6 +58,7 @@ def kernel_signatures(cuda_dir: Path = CUDA_DIR) -> dict[str, list[tuple[str, st
 
 class _Ok:
     CUDA_SUCCESS = 0
+    CUDA_ERROR_OUT_OF_MEMORY = 2
     CUDA_ERROR_NOT_READY = 600
 
 
@@ -98,6 +99,7 @@ class FakeDriver:
         self.cooperative_launches = 0
         self.sm_count = 132  # an H200's SMs (cuDeviceGetAttribute below)
         self.live: set[int] = set()  # device allocations not yet freed
+        self.sizes: dict[int, int] = {}  # the live allocations' bytes
         self.scratch: dict[tuple[int, ...], list[int]] = {}  # emulated kernels' own working memory
         self.live_host: set[int] = set()  # mapped host allocations not yet freed
 
@@ -111,24 +113,35 @@ class FakeDriver:
             raise AssertionError(f"access of {nbytes} bytes at offset {off} is outside allocated memory")
         return self.heap[off : off + nbytes].view(dtype)
 
+    def _fits(self, n: int) -> bool:
+        return (self.top + n + 255) // 256 * 256 <= self.heap.size
+
     def _allocate(self, n: int) -> int:
-        """A device address of ``n`` fresh bytes of the heap."""
+        """A device address of ``n`` fresh bytes of the heap (freed bytes are not reused)."""
+        if not self._fits(n):
+            raise MemoryError("emulated heap exhausted")
         off = self.top
         self.top = (off + n + 255) // 256 * 256
-        if self.top > self.heap.size:
-            raise MemoryError("emulated heap exhausted")
         return self.BASE + off
 
     def cuMemAlloc(self, n: int) -> tuple:
+        if not self._fits(n):
+            return self.CUresult.CUDA_ERROR_OUT_OF_MEMORY, 0
         ptr = self._allocate(n)
         self.live.add(ptr)
+        self.sizes[ptr] = n
         return 0, ptr
 
     def cuMemFree(self, ptr: int) -> tuple:
         if ptr not in self.live:
             raise AssertionError(f"cuMemFree of {ptr:#x}, which is not a live allocation")
         self.live.remove(ptr)
+        del self.sizes[ptr]
         return (0,)
+
+    def cuMemGetInfo(self) -> tuple:
+        """(free, total): the heap past its top, which a bump allocator can still give."""
+        return 0, self.heap.size - self.top, self.heap.size
 
     def cuMemcpyHtoDAsync(self, dst: int, src: int, n: int, stream: Any) -> tuple:
         host = (ctypes.c_uint8 * n).from_address(src)

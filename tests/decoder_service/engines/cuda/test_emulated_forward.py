@@ -370,6 +370,64 @@ def test_model_frees_all_it_allocated(fake_driver: FakeDriver, decode_kernel: st
     assert fake_driver.live == before, f"{len(fake_driver.live - before)} device buffers outlive the model"
 
 
+@pytest.mark.parametrize(
+    ("shape", "weight_format"), [("tiny-qwen3", "bf16"), ("tiny-llama-untied", "bf16"), ("tiny-qwen3", "fp8")]
+)
+def test_model_device_bytes_are_what_the_model_allocates(
+    fake_driver: FakeDriver, shape: str, weight_format: str
+) -> None:
+    """model_device_bytes, which a model checks against the device's free memory before its upload, is the sum of
+    what the model (layered decode step) allocates: a buffer added to one and not the other fails here."""
+    from decoder_service.engines.cuda.forward import CudaModel, model_device_bytes
+    from decoder_service.engines.cuda.module import Module
+
+    cfg = SHAPES[shape]
+    _, weights = (build_fp8_reference if weight_format == "fp8" else build_reference)(cfg, seed=7)
+    before = set(fake_driver.live)
+    model = CudaModel(
+        cfg,
+        weights,
+        Module(b"cubin"),
+        max_context=96,
+        max_prefill=8,
+        decode_kernel="layers",
+        weight_format=weight_format,
+    )
+    allocated = sum(fake_driver.sizes[ptr] for ptr in fake_driver.live - before)
+    assert sum(model_device_bytes(cfg, 96, 8, weight_format).values()) == allocated
+    model.free()
+
+
+def test_a_model_the_device_cannot_hold_is_refused_before_its_upload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Free memory below the model's bytes: DeviceMemoryError names what the model needs, part by part, and what the
+    device has, and nothing was allocated."""
+    from decoder_service.engines.cuda.forward import model_device_bytes
+    from decoder_service.engines.cuda.memory import DeviceMemoryError, byte_size
+
+    parts = model_device_bytes(SHAPES["tiny-qwen3"], 64, 8, "bf16")
+    heap = sum(parts.values()) - 1
+    driver = install_fake_driver(monkeypatch, heap_bytes=heap)
+    message = (
+        rf"the model \(bf16 weights, a KV cache of 64 positions\) needs {byte_size(heap + 1)} of device memory "
+        rf"\(weights {byte_size(parts['weights'])}, KV cache {byte_size(parts['KV cache'])}, buffers "
+        rf"{byte_size(parts['buffers'])}\); the device has {byte_size(heap)} free of {byte_size(heap)}"
+    )
+    with pytest.raises(DeviceMemoryError, match=message):
+        tiny_qwen3_model()
+    assert driver.top == 0
+
+
+def test_an_allocation_past_free_memory_names_its_size(fake_driver: FakeDriver) -> None:
+    from decoder_service.engines.cuda.memory import DeviceBuffer, DeviceMemoryError
+
+    used = DeviceBuffer(48 << 20)
+    with pytest.raises(
+        DeviceMemoryError, match=r"cuMemAlloc of 1\.50 GiB failed: out of device memory \(16\.0 MiB free of 64\.0 MiB\)"
+    ):
+        DeviceBuffer(3 << 29)
+    used.free()
+
+
 H200_SM_SHARED = 228 * 1024
 
 
