@@ -11,6 +11,7 @@ decoder service's admission does with one active slot per engine.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -41,7 +42,7 @@ from decoder_service.engines.cuda.forward import (
 )
 from decoder_service.engines.cuda.graph_loop import DecodeGraph
 from decoder_service.engines.cuda.host_grammar_loop import HostLoop
-from decoder_service.engines.cuda.memory import DeviceBuffer
+from decoder_service.engines.cuda.memory import DeviceBuffer, DeviceMemoryError
 from decoder_service.engines.cuda.module import Module
 from decoder_service.engines.cuda.step import CTL, ERRORS, HEAD_SLOTS, K_MAX, MAX_NAME_TOKENS, ControlInit, StepState
 from decoder_service.engines.cuda.trie_upload import DeviceTrie, Placement
@@ -49,6 +50,8 @@ from decoder_service.engines.env import env_int, forced_chains_default, forced_t
 from decoder_service.models.config import ModelConfig
 from tooltrie.grammar.runtime import GrammarState
 from tooltrie.grammar.trie import CompiledTrie
+
+log = logging.getLogger(__name__)
 
 LOOPS = ("graph", "host")
 CUBIN_ENV = "TOOLTRIE_CUBIN"
@@ -428,19 +431,41 @@ class CudaEngine(Engine):
             return False
         m.prefill(list(prefix_ids))
         if key is not None:
-            nbytes = n * m.kv_width * KV_ENTRY_BYTES
-            copies = []
-            for src in [*m.k_cache, *m.v_cache]:
-                buf = DeviceBuffer(nbytes)
-                call("cuMemcpyDtoDAsync", buf.ptr, src.ptr, nbytes, self.stream.handle)
-                copies.append(buf)
-            self._prefixes[key] = copies
-            while len(self._prefixes) > self._prefix_entries:
-                self.stream.synchronize()
-                for buf in self._prefixes.popitem(last=False)[1]:
-                    buf.free()
+            copies = self._copy_prefix_kv(n)
+            if copies is not None:
+                self._prefixes[key] = copies
+                while len(self._prefixes) > self._prefix_entries:
+                    self._drop_oldest_prefix()
             self._resident = key
         return False
+
+    def _copy_prefix_kv(self, n: int) -> list[DeviceBuffer] | None:
+        """Copies of the model's first ``n`` cached positions, one buffer a layer's K and one its V. Where the device
+        has no room for them, the least recently used saved prefixes go until it has; with none left, None: the
+        request goes on with its prefix computed, only not saved for the next."""
+        m = self.model
+        nbytes = n * m.kv_width * KV_ENTRY_BYTES
+        while True:
+            copies: list[DeviceBuffer] = []
+            try:
+                for _ in range(2 * len(m.k_cache)):
+                    copies.append(DeviceBuffer(nbytes))
+            except DeviceMemoryError as exc:
+                for buf in copies:
+                    buf.free()
+                if not self._prefixes:
+                    log.warning("the prefix KV of %d positions is not kept for reuse: %s", n, exc)
+                    return None
+                self._drop_oldest_prefix()
+                continue
+            for buf, src in zip(copies, [*m.k_cache, *m.v_cache], strict=True):
+                call("cuMemcpyDtoDAsync", buf.ptr, src.ptr, nbytes, self.stream.handle)
+            return copies
+
+    def _drop_oldest_prefix(self) -> None:
+        self.stream.synchronize()  # no copy from or to its buffers is still queued
+        for buf in self._prefixes.popitem(last=False)[1]:
+            buf.free()
 
     def free(self) -> None:
         self.stream.synchronize()

@@ -221,6 +221,56 @@ def test_an_engine_that_fails_to_build_leaves_nothing_on_the_device(
     assert fake_driver.live == before and fake_driver.live_host == before_host
 
 
+@pytest.mark.parametrize("room", [1, 0])
+def test_prefix_kv_copies_that_do_not_fit_make_room_or_are_skipped(
+    fake_driver, tiny_model, tiny_catalog, monkeypatch, caplog, room: int
+) -> None:
+    """A device with room for ``room`` saved prefix KVs beside the engine. Saving a prefix drops the least recently
+    used one until it fits; with room for none it is not saved (a warning says so) and the request is answered all
+    the same, its prefix still reused while it stays in the model's cache. Every answer is an unlimited engine's."""
+    from decoder_service.engines.base import SummaryEvent
+    from decoder_service.engines.cuda import engine as engine_module
+    from decoder_service.engines.cuda.engine import CudaEngine
+    from decoder_service.engines.cuda.memory import DeviceMemoryError
+    from decoder_service.engines.cuda.module import Module
+    from decoder_service.engines.prompt import request_suffix_ids
+
+    config = tiny_model[0]
+    trie, suffix = tiny_catalog.trie, request_suffix_ids(tiny_catalog, "Read the config file", 2)
+    prefixes = {"a": list(tiny_catalog.prefix_ids), "b": list(reversed(tiny_catalog.prefix_ids))}
+
+    def answer(engine: CudaEngine, key: str) -> tuple[list[tuple[str, float]], bool]:
+        events = list(engine.decode_ids(trie, 2, prefixes[key], suffix, cache_key=key))
+        assert isinstance(events[-1], SummaryEvent)
+        return [(e.name, e.score) for e in events[:-1]], events[-1].prefix_cached
+
+    def engine() -> CudaEngine:
+        return CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=512)
+
+    unlimited = engine()
+    expected = {key: answer(unlimited, key)[0] for key in prefixes}
+    unlimited.free()
+
+    real, made = engine_module.DeviceBuffer, []
+    copy_bytes = 2 * config.num_layers * len(prefixes["a"]) * config.num_kv_heads * config.head_dim * 2
+
+    def allocate_within_room(nbytes: int):
+        if sum(buf.nbytes for buf in made if buf.ptr) + nbytes > room * copy_bytes:
+            raise DeviceMemoryError(f"cuMemAlloc of {nbytes} bytes failed: out of device memory")
+        made.append(real(nbytes))
+        return made[-1]
+
+    monkeypatch.setattr(engine_module, "DeviceBuffer", allocate_within_room)
+    limited = engine()
+    runs = [(key, *answer(limited, key)) for key in ("a", "b", "a", "a")]
+    assert [(key, names) for key, names, _ in runs] == [(key, expected[key]) for key in ("a", "b", "a", "a")]
+    assert [cached for _, _, cached in runs] == [False, False, False, True]
+    assert list(limited._prefixes) == (["a"] if room else [])
+    assert ("is not kept for reuse" in caplog.text) == (room == 0)
+    limited.free()
+    assert not any(buf.ptr for buf in made)
+
+
 @pytest.mark.parametrize("loop", ["host", "graph"])
 def test_short_attention_serves_the_requests_that_fit_it(fake_driver, tiny_catalog, monkeypatch, loop) -> None:
     """With head_dim 64 (a compiled one) and the cluster form off, a request within SHORT_ATTENTION_POSITIONS takes
