@@ -11,7 +11,14 @@ from typing import Any
 import grpc
 
 from decoder_service.admission import Admission, Overloaded
-from decoder_service.engines.base import DecodeError, DecodeRequest, Engine, PointerEvent, SummaryEvent
+from decoder_service.engines.base import (
+    DecodeError,
+    DecodeRequest,
+    Engine,
+    PointerEvent,
+    PromptTooLong,
+    SummaryEvent,
+)
 from decoder_service.engines.prompt import intent_problem
 from decoder_service.grammar_store import GrammarStore, GrammarUnavailable
 from decoder_service.metrics import DecoderMetrics
@@ -94,6 +101,9 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServicer):
                     events.close()  # a cancelled call stops decoding here and frees its state
         except Overloaded as exc:
             abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), [retry_info(exc.retry_after)])
+        except PromptTooLong as exc:  # raised before the first event: nothing was streamed
+            field = "messages" if request.messages else "intent"
+            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), [bad_request([FieldViolation(field, str(exc))])])
         except DecodeError as exc:
             log.error("decode failed on %s v%d: %s", grammar.catalog, grammar.version, exc)
             abort(context, grpc.StatusCode.INTERNAL, f"decoding failed: {exc}")
@@ -143,12 +153,11 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServicer):
         intent = request.intent or "\n".join(f"{m.role}: {m.content}" for m in request.messages)
         if request.intent and request.messages:
             violations.append(FieldViolation("messages", "give either intent or messages, not both"))
+        field = "messages" if request.messages else "intent"  # the one that carried the text
         if not intent.strip():
-            violations.append(FieldViolation("intent", "empty; say what the agent should do"))
+            violations.append(FieldViolation(field, "empty; say what the agent should do"))
         elif len(intent) > MAX_INTENT_CHARS:
-            violations.append(
-                FieldViolation("intent", f"{len(intent)} characters, over the limit of {MAX_INTENT_CHARS}")
-            )
+            violations.append(FieldViolation(field, f"{len(intent)} characters, over the limit of {MAX_INTENT_CHARS}"))
         if violations:
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, "invalid decode request", [bad_request(violations)])
         return intent

@@ -70,10 +70,38 @@ class DecodeError(RuntimeError):
     """The model or the grammar left no valid continuation; the request fails instead of answering wrongly."""
 
 
+class PromptTooLong(ValueError):
+    """A request's prompt and its longest possible answer exceed the positions the engine holds."""
+
+    def __init__(self, prefix_tokens: int, request_tokens: int, answer_tokens: int, context: int) -> None:
+        self.prefix_tokens, self.request_tokens = prefix_tokens, request_tokens
+        self.answer_tokens, self.context = answer_tokens, context
+        excess = prefix_tokens + request_tokens + answer_tokens - context
+        super().__init__(
+            f"the prompt is {prefix_tokens + request_tokens} tokens ({prefix_tokens} of the catalog's prompt, "
+            f"{request_tokens} of the request) and its answer may take {answer_tokens} more, {excess} over the "
+            f"model's context of {context} positions; shorten the intent by at least {excess} token"
+            + ("s" if excess > 1 else "")
+        )
+
+
+def check_context(prefix_tokens: int, request_tokens: int, answer_tokens: int, context: int) -> None:
+    """PromptTooLong unless the prompt and the longest answer fit ``context`` positions."""
+    if prefix_tokens + request_tokens + answer_tokens > context:
+        raise PromptTooLong(prefix_tokens, request_tokens, answer_tokens, context)
+
+
+def longest_answer(trie_longest_path: int, k: int) -> int:
+    """The most tokens an answer of k names can take: each name's tokens and the SEP or STOP after it."""
+    return k * (trie_longest_path + 1)
+
+
 class Engine(ABC):
-    """Runs constrained decoding for one model."""
+    """Runs constrained decoding for one model. ``context``: the positions a request may take, its prompt and its
+    longest possible answer together; a request past it is refused with PromptTooLong before any work."""
 
     name: str
+    context: int
 
     @abstractmethod
     def decode(self, request: DecodeRequest) -> Iterator[Event]:

@@ -17,6 +17,8 @@ from decoder_service.engines.base import (
     Event,
     PointerEvent,
     SummaryEvent,
+    check_context,
+    longest_answer,
 )
 from decoder_service.engines.cpu.kv_cache import KVCache
 from decoder_service.engines.cpu.model import CpuTransformer
@@ -49,6 +51,7 @@ class CpuEngine(Engine):
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; accepted: {', '.join(HEADS)}")
         self.model = model
+        self.context = model.config.max_position_embeddings  # the positions the model was trained for
         self.head = head
         self.forced_tail = forced_tail_default() if forced_tail is None else forced_tail
         self.forced_chains = forced_chains_default() if forced_chains is None else forced_chains
@@ -69,10 +72,11 @@ class CpuEngine(Engine):
         catalog, trie = request.catalog, request.catalog.trie
         state = GrammarState(trie, request.k, allowed=request.allowed)  # KTooLargeError etc. are ValueErrors
         suffix = request_suffix_ids(catalog, request.intent, request.k)
+        answer = longest_answer(trie.longest_path, request.k)
+        check_context(len(catalog.prefix_ids), len(suffix), answer, self.context)
         t0 = time.perf_counter()
         prefix, cached = self._prefix(catalog.cache_key, catalog.prefix_ids)
-        longest = trie.longest_path + 1  # a name's tokens and its SEP/STOP
-        cache = prefix.fork(len(suffix) + request.k * longest)
+        cache = prefix.fork(len(suffix) + answer)
         hidden = self.model.prefill(suffix, cache)
         prefill_seconds = time.perf_counter() - t0
 

@@ -30,6 +30,8 @@ from decoder_service.engines.base import (
     Event,
     PointerEvent,
     SummaryEvent,
+    check_context,
+    longest_answer,
 )
 from decoder_service.engines.cuda import driver
 from decoder_service.engines.cuda.driver import CudaError, call
@@ -147,6 +149,7 @@ class CudaEngine(Engine):
             weight_format=weight_format,
         )
         self.stream = self.model.stream
+        self.context = self.model.max_context  # the KV cache's positions
         try:
             self.state = StepState(config.vocab_size, K_MAX * (MAX_NAME_TOKENS + 1), self.stream)
         except BaseException:
@@ -262,12 +265,8 @@ class CudaEngine(Engine):
         longest = trie.longest_path
         if longest > MAX_NAME_TOKENS:
             raise ValueError(f"the trie has names of {longest} tokens; the device publishes at most {MAX_NAME_TOKENS}")
-        max_steps = k * (longest + 1)
-        if n_prefix + n_suffix + max_steps > self.model.max_context:
-            raise ValueError(
-                f"prompt ({n_prefix} + {n_suffix} tokens) plus up to {max_steps} answer tokens exceed the "
-                f"engine's max_context {self.model.max_context}"
-            )
+        max_steps = longest_answer(longest, k)
+        check_context(n_prefix, n_suffix, max_steps, self.context)
         return max_steps
 
     def _start(

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from decoder_service.engines.base import DecodeError, DecodeRequest, PointerEvent, SummaryEvent
+from decoder_service.engines.base import DecodeError, DecodeRequest, PointerEvent, PromptTooLong, SummaryEvent
 from decoder_service.engines.cpu.model import CpuTransformer
 from decoder_service.engines.prompt import request_suffix_ids
 from tooltrie.grammar.runtime import GrammarState
@@ -127,6 +127,25 @@ def test_prefix_kv_is_reused_per_catalog(make_tiny_engine, tiny_catalog) -> None
     assert s1.prompt_tokens == s2.prompt_tokens > len(tiny_catalog.prefix_ids)
     as_tuples = lambda ps: [(p.name, p.token_ids, p.score) for p in ps]  # noqa: E731
     assert as_tuples(first) == as_tuples(second) == as_tuples(fresh)
+
+
+def test_a_prompt_and_answer_past_the_context_are_refused(make_tiny_engine, tiny_catalog) -> None:
+    """A request whose prompt and longest answer fill the engine's context exactly is answered; one position fewer
+    and it is refused with PromptTooLong, which gives the parts and the context, before any work."""
+    engine = make_tiny_engine()
+    k = 2
+    prefix, request = len(tiny_catalog.prefix_ids), len(request_suffix_ids(tiny_catalog, INTENTS[0], k))
+    answer = k * (tiny_catalog.trie.longest_path + 1)
+    assert prefix + request + answer <= engine.context  # lowered below, never raised past the engine's memory
+    engine.context = prefix + request + answer
+    pointers, _ = _run(engine, tiny_catalog, INTENTS[0], k)
+    assert len(pointers) == k
+    engine.context -= 1
+    with pytest.raises(PromptTooLong, match=r"shorten the intent by at least 1 token$") as refused:
+        _run(engine, tiny_catalog, INTENTS[0], k)
+    parts = refused.value
+    assert (parts.prefix_tokens, parts.request_tokens, parts.answer_tokens) == (prefix, request, answer)
+    assert parts.context == engine.context
 
 
 def test_allowed_subset_narrows_the_answer(make_tiny_engine, tiny_catalog) -> None:

@@ -15,6 +15,7 @@ import pytest
 from decoder_service.engines.base import DecodeError, Engine
 from tests.decoder_service.engines.cuda.emulator import FakeDriver, install_fake_driver
 from tests.decoder_service.engines.test_engine_contract import (  # noqa: F401  (collected here as well)
+    test_a_prompt_and_answer_past_the_context_are_refused,
     test_allowed_subset_narrows_the_answer,
     test_forced_chains_take_the_same_answer_in_fewer_passes,
     test_forced_tail_takes_the_same_answer_without_its_forward_passes,

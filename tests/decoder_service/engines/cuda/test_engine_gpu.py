@@ -34,6 +34,7 @@ from decoder_service.models.synth import PRESETS, synthetic_weights
 from tests.decoder_service.engines.cuda.gpu_harness import record, requires_gpu
 from tests.decoder_service.engines.cuda.synthetic_tries import empty_mask_trie, random_catalog, wide_catalog
 from tests.decoder_service.engines.test_engine_contract import (  # noqa: F401  (collected here on the GPU)
+    test_a_prompt_and_answer_past_the_context_are_refused,
     test_allowed_subset_narrows_the_answer,
     test_forced_chains_take_the_same_answer_in_fewer_passes,
     test_forced_tail_takes_the_same_answer_without_its_forward_passes,
