@@ -15,6 +15,7 @@ from decoder_service.engines.base import (
     DecodeError,
     DecodeRequest,
     Engine,
+    EngineOutOfMemory,
     PointerEvent,
     PromptTooLong,
     SummaryEvent,
@@ -104,6 +105,9 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServicer):
         except PromptTooLong as exc:  # raised before the first event: nothing was streamed
             field = "messages" if request.messages else "intent"
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), [bad_request([FieldViolation(field, str(exc))])])
+        except EngineOutOfMemory as exc:
+            log.error("decode on %s v%d ran out of device memory: %s", grammar.catalog, grammar.version, exc)
+            abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"decoding failed: {exc}")
         except DecodeError as exc:
             log.error("decode failed on %s v%d: %s", grammar.catalog, grammar.version, exc)
             abort(context, grpc.StatusCode.INTERNAL, f"decoding failed: {exc}")

@@ -70,6 +70,10 @@ class DecodeError(RuntimeError):
     """The model or the grammar left no valid continuation; the request fails instead of answering wrongly."""
 
 
+class EngineOutOfMemory(DecodeError):
+    """The engine's device had no memory left for what this request needed; it may succeed later or elsewhere."""
+
+
 class PromptTooLong(ValueError):
     """A request's prompt and its longest possible answer exceed the positions the engine holds."""
 

@@ -1,12 +1,16 @@
-"""Decode over real gRPC: a decoder (tiny synthetic Qwen3, CPU engine) fed by a real registry (SQLite)."""
+"""Decode over real gRPC: a decoder (tiny synthetic Qwen3, CPU engine; one test the CUDA engine on the emulated
+driver) fed by a real registry (SQLite)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -222,6 +226,45 @@ def _try_decode(decoder: RunningDecoder) -> grpc.StatusCode:
         if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
             assert "retry" in error.details()
         return error.code()
+
+
+def test_an_engine_out_of_device_memory_answers_resource_exhausted(
+    sqlite_registry: RunningRegistry, runtime: ModelRuntime, tiny_model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA engine (on the emulated driver, a numpy stand-in: no GPU here) refused the device memory for a new
+    catalog's trie: the call ends with RESOURCE_EXHAUSTED naming the allocation, and once memory is back the same
+    request is answered."""
+    from decoder_service.engines.cuda import trie_upload
+    from decoder_service.engines.cuda.engine import CudaEngine
+    from decoder_service.engines.cuda.memory import DeviceMemoryError
+    from decoder_service.engines.cuda.module import Module
+    from tests.decoder_service.engines.cuda.emulator import install_fake_driver
+
+    install_fake_driver(monkeypatch, heap_bytes=256 << 20)
+    engine = CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=1024)
+    full = True
+
+    class TrieBuffer(trie_upload.DeviceBuffer):
+        @classmethod
+        def from_array(cls, array: Any, stream: Any) -> trie_upload.DeviceBuffer:
+            if full:
+                raise DeviceMemoryError(f"cuMemAlloc of {array.nbytes} bytes failed: out of device memory")
+            return super().from_array(array, stream)
+
+    monkeypatch.setattr(trie_upload, "DeviceBuffer", TrieBuffer)
+    with sqlite_registry.client() as client:
+        client.push("small", mcp_bytes([tool("a.one"), tool("b.two"), tool("c.three")]), activate=True)
+    decoder = start_decoder(sqlite_registry, dataclasses.replace(runtime, engine=engine), node_id="cuda")
+    decoder.wait_for("small", 1)
+    try:
+        error = rpc_error(decoder, catalog="small", k=2)
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert re.fullmatch(r"decoding failed: cuMemAlloc of \d+ bytes failed: out of device memory", error.details())
+        full = False
+        assert len(decode(decoder, "send a message", 2, catalog="small")[0]) == 2
+    finally:
+        decoder.server.stop(grace=1)
+        engine.free()
 
 
 def test_decode_tokens_and_tls(sqlite_registry: RunningRegistry, runtime: ModelRuntime, tmp_path: Path) -> None:

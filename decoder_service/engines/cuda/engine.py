@@ -27,6 +27,7 @@ from decoder_service.engines.base import (
     DecodeError,
     DecodeRequest,
     Engine,
+    EngineOutOfMemory,
     Event,
     PointerEvent,
     SummaryEvent,
@@ -205,9 +206,12 @@ class CudaEngine(Engine):
         """
         max_steps = self._check(trie, k, len(prefix_ids), len(suffix_ids))
         with self._lock:  # one request at a time: the stream, the KV cache and the control block are shared
-            yield from self._decode_locked(
-                trie, k, prefix_ids, suffix_ids, max_steps, cache_key, allowed, catalog_version, cancelled
-            )
+            try:
+                yield from self._decode_locked(
+                    trie, k, prefix_ids, suffix_ids, max_steps, cache_key, allowed, catalog_version, cancelled
+                )
+            except DeviceMemoryError as exc:  # e.g. a new catalog's trie that no longer fits beside the rest
+                raise EngineOutOfMemory(str(exc)) from exc
 
     def _decode_locked(
         self,
