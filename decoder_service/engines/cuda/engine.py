@@ -212,6 +212,8 @@ class CudaEngine(Engine):
                 )
             except DeviceMemoryError as exc:  # e.g. a new catalog's trie that no longer fits beside the rest
                 raise EngineOutOfMemory(str(exc)) from exc
+            except CudaError as exc:  # a failed launch or copy: the request fails with what the driver said
+                raise DecodeError(f"the GPU failed: {exc}") from exc
 
     def _decode_locked(
         self,

@@ -222,6 +222,31 @@ def test_an_engine_that_fails_to_build_leaves_nothing_on_the_device(
     assert fake_driver.live == before and fake_driver.live_host == before_host
 
 
+def test_a_failed_launch_fails_the_request_with_what_the_driver_said(fake_driver, tiny_model, tiny_catalog) -> None:
+    """A kernel launch the driver refuses (here the tenth of the request; an emulated failure, which unlike a real
+    GPU's sticky errors leaves the context usable): DecodeError with the call and the error, and the engine
+    answers the next request."""
+    from decoder_service.engines.base import DecodeRequest
+    from decoder_service.engines.cuda.engine import CudaEngine
+    from decoder_service.engines.cuda.module import Module
+
+    engine = CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=512)
+    launch, launches = fake_driver.cuLaunchKernelEx, 0
+
+    def refuse_the_tenth(*args: object) -> tuple:
+        nonlocal launches
+        launches += 1
+        return (719,) if launches == 10 else launch(*args)
+
+    fake_driver.cuLaunchKernelEx = refuse_the_tenth  # type: ignore[method-assign]
+    request = DecodeRequest("Read the config file", 2, tiny_catalog)
+    with pytest.raises(DecodeError, match=r"the GPU failed: cuLaunchKernelEx\(\w+\) failed: EMULATED_ERROR_719"):
+        list(engine.decode(request))
+    assert launches == 10
+    assert len(list(engine.decode(request))) == 3  # two pointers and the summary
+    engine.free()
+
+
 @pytest.mark.parametrize("room", [1, 0])
 def test_prefix_kv_copies_that_do_not_fit_make_room_or_are_skipped(
     fake_driver, tiny_model, tiny_catalog, monkeypatch, caplog, room: int

@@ -371,7 +371,8 @@ def test_model_frees_all_it_allocated(fake_driver: FakeDriver, decode_kernel: st
 
 
 @pytest.mark.parametrize(
-    ("shape", "weight_format"), [("tiny-qwen3", "bf16"), ("tiny-llama-untied", "bf16"), ("tiny-qwen3", "fp8")]
+    ("shape", "weight_format"),
+    [("tiny-qwen3", "bf16"), ("tiny-qwen2-hd128-untied", "bf16"), ("tiny-llama-untied", "bf16"), ("tiny-qwen3", "fp8")],
 )
 def test_model_device_bytes_are_what_the_model_allocates(
     fake_driver: FakeDriver, shape: str, weight_format: str
