@@ -83,12 +83,13 @@ class DecoderServer:
             identity,
             registry_connected=self.subscriber.connected.is_set,
             auth=_decode_auth(config.tokens_file),
+            on_engine_failed=self._serving_changed,
         )
         decoder_pb2_grpc.add_DecoderServicer_to_server(self.servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection((SERVICE_NAME, reflection.SERVICE_NAME, health.SERVICE_NAME), self._server)
-        # Serving once the model is loaded (it is, by construction) and at least one grammar is.
-        self.store.on_change(lambda: self._set_health(health_pb2.HealthCheckResponse.SERVING))
+        # Serving once the model is loaded (it is, by construction) and at least one grammar is, until the engine fails.
+        self.store.on_change(self._serving_changed)
         self.first_grammar = threading.Event()
         self.store.on_change(self.first_grammar.set)
         self.metrics_server = None
@@ -106,6 +107,12 @@ class DecoderServer:
         if port == 0:
             raise OSError(f"could not listen on {self.config.listen}")
         return port
+
+    def _serving_changed(self) -> None:
+        failed = self.runtime.engine.failure is not None
+        self._set_health(
+            health_pb2.HealthCheckResponse.NOT_SERVING if failed else health_pb2.HealthCheckResponse.SERVING
+        )
 
     def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
         self.health.set("", status)

@@ -15,6 +15,7 @@ from decoder_service.engines.base import (
     DecodeError,
     DecodeRequest,
     Engine,
+    EngineFailed,
     EngineOutOfMemory,
     PointerEvent,
     PromptTooLong,
@@ -53,10 +54,12 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServicer):
         identity: DecoderIdentity,
         registry_connected: Callable[[], bool] = lambda: False,
         auth: Authenticator | None = None,
+        on_engine_failed: Callable[[], None] = lambda: None,
     ) -> None:
         self.engine, self.store, self.admission, self.metrics = engine, store, admission, metrics
         self.identity = identity
         self.registry_connected = registry_connected
+        self.on_engine_failed = on_engine_failed  # the server stops reporting itself as serving
         # Decode is open unless the decoder was given tokens; then every call needs one.
         self.auth = auth
 
@@ -105,6 +108,9 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServicer):
         except PromptTooLong as exc:  # raised before the first event: nothing was streamed
             field = "messages" if request.messages else "intent"
             abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), [bad_request([FieldViolation(field, str(exc))])])
+        except EngineFailed as exc:
+            self.on_engine_failed()
+            abort(context, grpc.StatusCode.UNAVAILABLE, f"this decoder can no longer decode: {exc}")
         except EngineOutOfMemory as exc:
             log.error("decode on %s v%d ran out of device memory: %s", grammar.catalog, grammar.version, exc)
             abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"decoding failed: {exc}")

@@ -70,6 +70,10 @@ class DecodeError(RuntimeError):
     """The model or the grammar left no valid continuation; the request fails instead of answering wrongly."""
 
 
+class EngineFailed(DecodeError):
+    """The engine can serve no request any more (its GPU context failed); the decoder stops taking requests."""
+
+
 class EngineOutOfMemory(DecodeError):
     """The engine's device had no memory left for what this request needed; it may succeed later or elsewhere."""
 
@@ -102,10 +106,12 @@ def longest_answer(trie_longest_path: int, k: int) -> int:
 
 class Engine(ABC):
     """Runs constrained decoding for one model. ``context``: the positions a request may take, its prompt and its
-    longest possible answer together; a request past it is refused with PromptTooLong before any work."""
+    longest possible answer together; a request past it is refused with PromptTooLong before any work.
+    ``failure``: why the engine can serve no more requests, once it cannot (each then raises EngineFailed)."""
 
     name: str
     context: int
+    failure: str | None = None
 
     @abstractmethod
     def decode(self, request: DecodeRequest) -> Iterator[Event]:

@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from decoder_service.model_runtime import ModelRuntime, load_runtime
 from tests.conftest import EXAMPLE_CATALOG
+from tests.decoder_service.engines.cuda.emulator import FakeDriver, install_fake_driver
 from tests.support.catalogs import mcp_bytes, tool
 from tests.support.decoder import RunningDecoder, start_decoder, tiny_runtime
 from tests.support.registry import RunningRegistry, start_registry, write_tokens_file
@@ -154,16 +155,12 @@ def test_unknown_catalog_and_unheld_version(stack: tuple[RunningRegistry, Runnin
 def test_no_grammar_yet(sqlite_registry: RunningRegistry, runtime: ModelRuntime) -> None:
     decoder = start_decoder(sqlite_registry, runtime, node_id="empty")
     try:
-        with grpc.insecure_channel(decoder.address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
-        assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert health(decoder) == health_pb2.HealthCheckResponse.NOT_SERVING
         assert rpc_error(decoder).code() == grpc.StatusCode.FAILED_PRECONDITION
         with sqlite_registry.client() as client:
             client.push("workplace", EXAMPLE_CATALOG.read_bytes(), activate=True)
         decoder.wait_for("workplace", 1)
-        with grpc.insecure_channel(decoder.address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
-        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        assert health(decoder) == health_pb2.HealthCheckResponse.SERVING
     finally:
         decoder.server.stop(grace=1)
 
@@ -228,21 +225,39 @@ def _try_decode(decoder: RunningDecoder) -> grpc.StatusCode:
         return error.code()
 
 
-def test_an_engine_out_of_device_memory_answers_resource_exhausted(
+@pytest.fixture
+def cuda_decoder(
     sqlite_registry: RunningRegistry, runtime: ModelRuntime, tiny_model, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The CUDA engine (on the emulated driver, a numpy stand-in: no GPU here) refused the device memory for a new
-    catalog's trie: the call ends with RESOURCE_EXHAUSTED naming the allocation, and once memory is back the same
-    request is answered."""
-    from decoder_service.engines.cuda import trie_upload
+) -> Iterator[tuple[RunningDecoder, FakeDriver]]:
+    """A decoder on the CUDA engine over the emulated driver (a numpy stand-in: no GPU here), serving a 3-tool
+    catalog "small"."""
     from decoder_service.engines.cuda.engine import CudaEngine
-    from decoder_service.engines.cuda.memory import DeviceMemoryError
     from decoder_service.engines.cuda.module import Module
-    from tests.decoder_service.engines.cuda.emulator import install_fake_driver
 
-    install_fake_driver(monkeypatch, heap_bytes=256 << 20)
+    fake = install_fake_driver(monkeypatch, heap_bytes=256 << 20)
     engine = CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=1024)
-    full = True
+    with sqlite_registry.client() as client:
+        client.push("small", mcp_bytes([tool("a.one"), tool("b.two"), tool("c.three")]), activate=True)
+    decoder = start_decoder(sqlite_registry, dataclasses.replace(runtime, engine=engine), node_id="cuda")
+    decoder.wait_for("small", 1)
+    yield decoder, fake
+    decoder.server.stop(grace=1)
+
+
+def health(decoder: RunningDecoder) -> health_pb2.HealthCheckResponse.ServingStatus.ValueType:
+    with grpc.insecure_channel(decoder.address) as channel:
+        return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status
+
+
+def test_an_engine_out_of_device_memory_answers_resource_exhausted(
+    cuda_decoder: tuple[RunningDecoder, FakeDriver], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA engine was refused the device memory for a new catalog's trie: the call ends with RESOURCE_EXHAUSTED
+    naming the allocation, and once memory is back the same request is answered."""
+    from decoder_service.engines.cuda import trie_upload
+    from decoder_service.engines.cuda.memory import DeviceMemoryError
+
+    decoder, full = cuda_decoder[0], True
 
     class TrieBuffer(trie_upload.DeviceBuffer):
         @classmethod
@@ -252,19 +267,36 @@ def test_an_engine_out_of_device_memory_answers_resource_exhausted(
             return super().from_array(array, stream)
 
     monkeypatch.setattr(trie_upload, "DeviceBuffer", TrieBuffer)
-    with sqlite_registry.client() as client:
-        client.push("small", mcp_bytes([tool("a.one"), tool("b.two"), tool("c.three")]), activate=True)
-    decoder = start_decoder(sqlite_registry, dataclasses.replace(runtime, engine=engine), node_id="cuda")
-    decoder.wait_for("small", 1)
-    try:
+    error = rpc_error(decoder, catalog="small", k=2)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert re.fullmatch(r"decoding failed: cuMemAlloc of \d+ bytes failed: out of device memory", error.details())
+    full = False
+    assert len(decode(decoder, "send a message", 2, catalog="small")[0]) == 2
+    assert health(decoder) == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_failed_gpu_context_takes_the_decoder_out_of_service(
+    cuda_decoder: tuple[RunningDecoder, FakeDriver], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sticky GPU error during a decode (every later driver call fails, as after an illegal address): that call
+    and every later one end with UNAVAILABLE, and the health check turns NOT_SERVING, so that clients and load
+    balancers go to another decoder."""
+    from decoder_service.engines.cuda import driver
+    from tests.decoder_service.engines.cuda.emulator import StickyFailure
+
+    decoder, fake = cuda_decoder
+    assert len(decode(decoder, "send a message", 2, catalog="small")[0]) == 2
+
+    def fail_the_context(*args: object) -> tuple:
+        monkeypatch.setattr(driver, "cu", StickyFailure(fake, 700))
+        return (700,)
+
+    fake.cuLaunchKernelEx = fail_the_context  # type: ignore[method-assign]
+    for _ in range(2):
         error = rpc_error(decoder, catalog="small", k=2)
-        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert re.fullmatch(r"decoding failed: cuMemAlloc of \d+ bytes failed: out of device memory", error.details())
-        full = False
-        assert len(decode(decoder, "send a message", 2, catalog="small")[0]) == 2
-    finally:
-        decoder.server.stop(grace=1)
-        engine.free()
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        assert "this decoder can no longer decode: the GPU context failed" in error.details()
+    assert health(decoder) == health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def test_decode_tokens_and_tls(sqlite_registry: RunningRegistry, runtime: ModelRuntime, tmp_path: Path) -> None:

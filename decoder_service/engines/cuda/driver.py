@@ -46,6 +46,16 @@ def call(name: str, *args: Any) -> Any:
 _context: Any = None
 
 
+def context_usable() -> bool:
+    """Whether the current context still runs work. After a sticky error (an illegal address, a kernel that
+    trapped) every call on it fails until the process ends."""
+    try:
+        call("cuCtxSynchronize")
+    except CudaError:
+        return False
+    return True
+
+
 def init(device_ordinal: int = 0) -> Any:
     """Initialise the driver and make the device's primary context current (idempotent); return the context."""
     global _context

@@ -27,6 +27,7 @@ from decoder_service.engines.base import (
     DecodeError,
     DecodeRequest,
     Engine,
+    EngineFailed,
     EngineOutOfMemory,
     Event,
     PointerEvent,
@@ -204,6 +205,8 @@ class CudaEngine(Engine):
         ``cancelled`` is polled while the loop runs: once True, no further event is yielded (no summary either).
         A device loop already launched runs its answer out (k names) before the engine takes the next request.
         """
+        if self.failure is not None:
+            raise EngineFailed(self.failure)
         max_steps = self._check(trie, k, len(prefix_ids), len(suffix_ids))
         with self._lock:  # one request at a time: the stream, the KV cache and the control block are shared
             try:
@@ -212,8 +215,14 @@ class CudaEngine(Engine):
                 )
             except DeviceMemoryError as exc:  # e.g. a new catalog's trie that no longer fits beside the rest
                 raise EngineOutOfMemory(str(exc)) from exc
-            except CudaError as exc:  # a failed launch or copy: the request fails with what the driver said
-                raise DecodeError(f"the GPU failed: {exc}") from exc
+            except (CudaError, DecodeError) as exc:
+                if not driver.context_usable():  # a sticky error: no later request can run either
+                    self.failure = f"the GPU context failed, this engine serves no more requests: {exc}"
+                    log.error("%s", self.failure)
+                    raise EngineFailed(self.failure) from exc
+                if isinstance(exc, DecodeError):
+                    raise
+                raise DecodeError(f"the GPU failed: {exc}") from exc  # a failed launch or copy, the context intact
 
     def _decode_locked(
         self,

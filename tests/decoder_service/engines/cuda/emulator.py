@@ -72,6 +72,20 @@ def install_fake_driver(monkeypatch: Any, heap_bytes: int = 64 << 20) -> FakeDri
     return fake
 
 
+class StickyFailure:
+    """A driver whose context met a sticky error (an illegal address, a trapped kernel): from now on every call
+    returns ``err``, as a real context's do until the process ends; error names, enums and constants still answer."""
+
+    def __init__(self, fake: FakeDriver, err: int) -> None:
+        self._fake, self._err = fake, err
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._fake, name)
+        if name.startswith("cu") and callable(value) and name not in ("cuGetErrorName", "cuGetErrorString"):
+            return lambda *args: (self._err, None)
+        return value
+
+
 class FakeDriver:
     """The subset of cuda.bindings.driver the engine calls, every call returning (CUresult, values...)."""
 
@@ -212,6 +226,9 @@ class FakeDriver:
 
     def cuDevicePrimaryCtxRetain(self, dev: int) -> tuple:
         return 0, "ctx"
+
+    def cuCtxSynchronize(self) -> tuple:
+        return (0,)
 
     def cuCtxSetCurrent(self, ctx: Any) -> tuple:
         return (0,)

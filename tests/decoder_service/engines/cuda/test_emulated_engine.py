@@ -223,9 +223,8 @@ def test_an_engine_that_fails_to_build_leaves_nothing_on_the_device(
 
 
 def test_a_failed_launch_fails_the_request_with_what_the_driver_said(fake_driver, tiny_model, tiny_catalog) -> None:
-    """A kernel launch the driver refuses (here the tenth of the request; an emulated failure, which unlike a real
-    GPU's sticky errors leaves the context usable): DecodeError with the call and the error, and the engine
-    answers the next request."""
+    """A kernel launch the driver refuses (here the tenth of the request) with the context left usable: DecodeError
+    with the call and the error, and the engine answers the next request."""
     from decoder_service.engines.base import DecodeRequest
     from decoder_service.engines.cuda.engine import CudaEngine
     from decoder_service.engines.cuda.module import Module
@@ -242,9 +241,40 @@ def test_a_failed_launch_fails_the_request_with_what_the_driver_said(fake_driver
     request = DecodeRequest("Read the config file", 2, tiny_catalog)
     with pytest.raises(DecodeError, match=r"the GPU failed: cuLaunchKernelEx\(\w+\) failed: EMULATED_ERROR_719"):
         list(engine.decode(request))
-    assert launches == 10
+    assert launches == 10 and engine.failure is None
     assert len(list(engine.decode(request))) == 3  # two pointers and the summary
     engine.free()
+
+
+def test_a_sticky_gpu_error_ends_the_engine(fake_driver, tiny_model, tiny_catalog, monkeypatch) -> None:
+    """A launch that leaves the context failed (an illegal address: every later call fails too): EngineFailed, the
+    engine records why, and every later request is refused with it before any driver call."""
+    from decoder_service.engines.base import DecodeRequest, EngineFailed
+    from decoder_service.engines.cuda import driver
+    from decoder_service.engines.cuda.engine import CudaEngine
+    from decoder_service.engines.cuda.module import Module
+    from tests.decoder_service.engines.cuda.emulator import StickyFailure
+
+    engine = CudaEngine(*tiny_model, loop="host", module=Module(b"cubin"), max_context=512)
+    launch, launches = fake_driver.cuLaunchKernelEx, 0
+
+    def fail_the_context_at_the_tenth(*args: object) -> tuple:
+        nonlocal launches
+        launches += 1
+        if launches < 10:
+            return launch(*args)
+        monkeypatch.setattr(driver, "cu", StickyFailure(fake_driver, 700))
+        return (700,)
+
+    fake_driver.cuLaunchKernelEx = fail_the_context_at_the_tenth  # type: ignore[method-assign]
+    request = DecodeRequest("Read the config file", 2, tiny_catalog)
+    message = r"the GPU context failed, this engine serves no more requests: .*EMULATED_ERROR_700"
+    with pytest.raises(EngineFailed, match=message):
+        list(engine.decode(request))
+    assert engine.failure is not None and launches == 10
+    with pytest.raises(EngineFailed, match=message):
+        list(engine.decode(request))
+    assert launches == 10
 
 
 @pytest.mark.parametrize("room", [1, 0])
