@@ -191,6 +191,7 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServicer):
             tokenizer=self.identity.tokenizer,
             tokenizer_fingerprint=self.identity.tokenizer_fingerprint,
             registry_connected=bool(self.registry_connected()),
+            engine_failure=self.engine.failure or "",
             catalogs=[
                 pb.HeldCatalog(catalog=c, active_version=active.get(c, 0), held_versions=versions)
                 for c, versions in sorted(self.store.held().items())

@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 import pytest
+from click.testing import CliRunner
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from decoder_service.model_runtime import ModelRuntime, load_runtime
@@ -24,6 +25,7 @@ from tests.support.decoder import RunningDecoder, start_decoder, tiny_runtime
 from tests.support.registry import RunningRegistry, start_registry, write_tokens_file
 from tests.support.tls import self_signed_cert
 from tests.support.waiting import wait_until
+from tooltrie.cli.main import main
 from tooltrie.client import error_details
 from tooltrie.decoder.v1 import decoder_pb2 as pb
 from tooltrie.decoder_client import DecoderClient
@@ -171,6 +173,7 @@ def test_status_and_metrics(stack: tuple[RunningRegistry, RunningDecoder]) -> No
     with decoder.client() as client:
         status = client.status()
     assert status.node_id == "decoder-a" and status.engine == "cpu" and status.registry_connected
+    assert status.engine_failure == ""
     assert [(c.catalog, c.active_version, list(c.held_versions)) for c in status.catalogs] == [("workplace", 1, [1])]
     with registry.client() as client:
         nodes = client.status("workplace").decoders
@@ -297,6 +300,10 @@ def test_a_failed_gpu_context_takes_the_decoder_out_of_service(
         assert error.code() == grpc.StatusCode.UNAVAILABLE
         assert "this decoder can no longer decode: the GPU context failed" in error.details()
     assert health(decoder) == health_pb2.HealthCheckResponse.NOT_SERVING
+    with decoder.client() as client:
+        assert client.status().engine_failure.startswith("the GPU context failed")
+    shown = CliRunner().invoke(main, ["decoder", "status"], env={"TOOLTRIE_DECODER": decoder.address})
+    assert shown.exit_code == 0 and "NOT SERVING: the GPU context failed" in shown.output
 
 
 def test_decode_tokens_and_tls(sqlite_registry: RunningRegistry, runtime: ModelRuntime, tmp_path: Path) -> None:

@@ -105,6 +105,8 @@ def status(address: str | None, tls_ca: Path | None) -> None:
     connected = "connected" if reply.registry_connected else "NOT connected"
     click.echo(f"node {reply.node_id}: engine {reply.engine}, model {reply.model}, registry {connected}")
     click.echo(f"tokenizer {reply.tokenizer} ({reply.tokenizer_fingerprint[:16]})")
+    if reply.engine_failure:
+        click.echo(f"NOT SERVING: {reply.engine_failure}")
     for c in reply.catalogs:
         held = ", ".join(f"v{v}" for v in c.held_versions)
         click.echo(f"  {c.catalog}: active v{c.active_version} (held {held})")
