@@ -74,7 +74,8 @@ def install_fake_driver(monkeypatch: Any, heap_bytes: int = 64 << 20) -> FakeDri
 
 class StickyFailure:
     """A driver whose context met a sticky error (an illegal address, a trapped kernel): from now on every call
-    returns ``err``, as a real context's do until the process ends; error names, enums and constants still answer."""
+    returns ``err``, as a real context's calls do until the process ends; error names, enums and constants still
+    answer."""
 
     def __init__(self, fake: FakeDriver, err: int) -> None:
         self._fake, self._err = fake, err
