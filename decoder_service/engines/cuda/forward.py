@@ -458,20 +458,39 @@ def check_config(config: ModelConfig) -> None:
             raise ValueError(f"{name} {k} must be a multiple of 8 (GEMV reads 16-byte rows)")
 
 
+def model_buffer_bytes(config: ModelConfig, max_context: int, max_prefill: int) -> dict[str, int]:
+    """The bytes of each of a CudaModel's buffers besides its weights, by attribute name: a prefill chunk's
+    activations, the logits, the ids, a layer's K (and V) cache, the rotary table, decode attention's chunk records."""
+    c, t = config, max_prefill
+    q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    return {
+        "x": t * c.hidden_size * F32,  # residual stream
+        "xn": t * c.hidden_size * F32,  # normalised input of a block
+        "qkv": t * (q_width + 2 * kv_width) * F32,
+        "attn": t * q_width * F32,
+        "gate_up": t * 2 * c.intermediate_size * F32,
+        "act": t * c.intermediate_size * F32,
+        "logits": c.vocab_size * F32,
+        "tokens": t * 4,  # prompt ids of a prefill chunk
+        "token": 4,  # argmax output; the next decode step's input
+        "layer_cache": max_context * kv_width * KV_ENTRY_BYTES,  # one layer's K, or its V
+        "rope": max_context * c.head_dim * F32,
+        # one set per token of a forced chain; a single-token step uses the first
+        "attn_partial": CHAIN_TOKENS * c.num_heads * -(-max_context // ATTN_CHUNK) * (c.head_dim + 2) * F32,
+        "attn_done": CHAIN_TOKENS * c.num_heads * 4,
+    }
+
+
 def model_device_bytes(config: ModelConfig, max_context: int, max_prefill: int, weight_format: str) -> dict[str, int]:
     """What a CudaModel keeps on the device, by part: its weights (resident_weight_bytes), the KV cache of
-    ``max_context`` positions, and its buffers (a prefill chunk's activations, the logits, the rotary table,
-    decode attention's chunk records). A persistent decode kernel adds its own plan and flags."""
-    c = config
-    q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    # x, xn, qkv, attn, gate_up, act and the prompt ids of a chunk (cf. _setup)
-    chunk = max_prefill * (2 * c.hidden_size + q_width + 2 * kv_width + q_width + 3 * c.intermediate_size + 1)
-    records = CHAIN_TOKENS * c.num_heads * (-(-max_context // ATTN_CHUNK) * (c.head_dim + 2) + 1)
-    buffers = (chunk + c.vocab_size + 1 + max_context * c.head_dim + records) * F32
+    ``max_context`` positions, and its other buffers (model_buffer_bytes). A persistent decode kernel adds its own
+    plan and flags."""
+    buffers = model_buffer_bytes(config, max_context, max_prefill)
+    kv_cache = 2 * config.num_layers * buffers.pop("layer_cache")
     return {
-        "weights": resident_weight_bytes(c, weight_format),
-        "KV cache": 2 * c.num_layers * max_context * kv_width * KV_ENTRY_BYTES,
-        "buffers": buffers,
+        "weights": resident_weight_bytes(config, weight_format),
+        "KV cache": kv_cache,
+        "buffers": sum(buffers.values()),
     }
 
 
@@ -531,22 +550,21 @@ class CudaModel:
         self.q_width = c.num_heads * c.head_dim
         self.kv_width = c.num_kv_heads * c.head_dim
         self.qkv_width = self.q_width + 2 * self.kv_width
-        t = max_prefill
-        self.x = DeviceBuffer(t * c.hidden_size * F32)  # residual stream
-        self.xn = DeviceBuffer(t * c.hidden_size * F32)  # normalised input of a block
-        self.qkv = DeviceBuffer(t * self.qkv_width * F32)
-        self.attn = DeviceBuffer(t * self.q_width * F32)
-        self.gate_up = DeviceBuffer(t * 2 * c.intermediate_size * F32)
-        self.act = DeviceBuffer(t * c.intermediate_size * F32)
-        self.logits = DeviceBuffer(c.vocab_size * F32)
-        self.tokens = DeviceBuffer(t * 4)  # prompt ids of a prefill chunk
-        self.token = DeviceBuffer(4)  # argmax output; the next decode step's input
-        cache_bytes = max_context * self.kv_width * KV_ENTRY_BYTES
-        self.k_cache = [DeviceBuffer(cache_bytes) for _ in range(c.num_layers)]
-        self.v_cache = [DeviceBuffer(cache_bytes) for _ in range(c.num_layers)]
+        size = model_buffer_bytes(config, max_context, max_prefill)
+        self.x = DeviceBuffer(size["x"])
+        self.xn = DeviceBuffer(size["xn"])
+        self.qkv = DeviceBuffer(size["qkv"])
+        self.attn = DeviceBuffer(size["attn"])
+        self.gate_up = DeviceBuffer(size["gate_up"])
+        self.act = DeviceBuffer(size["act"])
+        self.logits = DeviceBuffer(size["logits"])
+        self.tokens = DeviceBuffer(size["tokens"])
+        self.token = DeviceBuffer(size["token"])
+        self.k_cache = [DeviceBuffer(size["layer_cache"]) for _ in range(c.num_layers)]
+        self.v_cache = [DeviceBuffer(size["layer_cache"]) for _ in range(c.num_layers)]
         # Every position's rotary cosines and sines, computed once on the device (cuda/rope.cuh): prefill and
         # decode read the same values, and decode attention computes no powf, cosf or sinf.
-        self.rope = DeviceBuffer(max_context * c.head_dim * F32)
+        self.rope = DeviceBuffer(size["rope"])
         Launch(
             module.kernel("rope_table"),
             (max_context, 1, 1),
@@ -557,8 +575,8 @@ class CudaModel:
         self.max_chunks = -(-max_context // ATTN_CHUNK)
         # Decode attention's chunk records and per-head merge counters (the kernel leaves them at 0), one set per
         # token of a forced chain; a single-token step uses the first.
-        self.attn_partial = DeviceBuffer(CHAIN_TOKENS * c.num_heads * self.max_chunks * (c.head_dim + 2) * F32)
-        self.attn_done = DeviceBuffer(CHAIN_TOKENS * c.num_heads * 4)
+        self.attn_partial = DeviceBuffer(size["attn_partial"])
+        self.attn_done = DeviceBuffer(size["attn_done"])
         self.attn_done.upload(np.zeros(CHAIN_TOKENS * c.num_heads, dtype=np.int32), self.stream)
         if self.attn_shared + ATTN_STATIC_SHARED > MAX_SHARED_PER_BLOCK:
             limit = (MAX_SHARED_PER_BLOCK - ATTN_STATIC_SHARED) // F32
