@@ -478,15 +478,16 @@ def handover_probe_lines(probe: dict[str, object]) -> list[str]:
 
 
 def gemm_warps_lines(b: dict[str, object]) -> list[str]:
-    """The report's table of `gemm_warps_sweep`: each suffix's rounds on 8 and on 16 warps."""
+    """The report's table of `gemm_warps_sweep`: each suffix's rounds on 8 and on 16 warps. Runs that predate the
+    ``gemm_warps`` key ran with 8, then the default."""
     warps = b.get("gemm_warps_prefill_ms")
     if not warps:
         return []
     lines = [
         "",
         f"A request suffix's prefill after a {b['prompt_tokens']}-token prefix, its tensor-core GEMMs' 64-row "
-        "groups on 8 warps (the default) and on 16 (`TOOLTRIE_GEMM_WARPS=16`): graph replays of its launch list, "
-        "the two alternated, ms in each round:",
+        f"groups on 8 warps and on 16 (`TOOLTRIE_GEMM_WARPS`; the engine's setting in this run: "
+        f"{b.get('gemm_warps', 8)}): graph replays of its launch list, the two alternated, ms in each round:",
         "",
         "| suffix tokens | 8 warps | 16 warps | 16 against 8, means (µs) |",
         "| --- | --- | --- | --- |",
@@ -873,6 +874,7 @@ def main() -> int:
         "handover_probe": handover,
         "suffix_prefill": prefill_parts,
         "gemm_warps_prefill_ms": gemm_warps,
+        "gemm_warps": model.gemm_warps,  # the engine's setting in this run (TOOLTRIE_GEMM_WARPS or the default)
         "forced_chain": chains,
         "fp8_layout_sweep_ms_per_token": fp8_layouts,
         "persistent_ring_sweep_ms_per_token": persistent_rings,

@@ -74,7 +74,7 @@ def run_case(
     # Each row-group form that fits, the 64-row form on sixteen warps, then the halves form where it applies: the
     # launches the engine would make with those settings.
     fits = gemm_mma_fitting_rows(gemm_mma_kernel(k_in)[1], k_in)
-    forms = [gemm_mma_launch(k_in, m, n_out, sms, rows=rows) for rows in fits]
+    forms = [gemm_mma_launch(k_in, m, n_out, sms, rows=rows, warps=8) for rows in fits]
     if GEMM_MMA_ROWS in fits:
         forms.append(gemm_mma_launch(k_in, m, n_out, sms, rows=GEMM_MMA_ROWS, warps=16))
     halves = gemm_mma_launch(k_in, m, n_out, sms, halves_tokens=m)

@@ -28,6 +28,7 @@ def test_gemm_warps_sweep_times_both_forms_alternately_and_reports_them(monkeypa
     monkeypatch.setattr(bench, "graph_ms", recorded_graph_ms)
     model = tiny_qwen3_model()
     model.prefill([5, 6, 7])
+    model.gemm_warps = 8  # not the default: the sweep must put back the model's own setting
     out = bench.gemm_warps_sweep(bench.Stream(), model, prefix=3, rounds=2)
 
     # max_prefill is 8: the longer suffixes are left out rather than chunked
@@ -38,6 +39,7 @@ def test_gemm_warps_sweep_times_both_forms_alternately_and_reports_them(monkeypa
     assert all("gemm_mma16w_bf16" in r and "gemm_mma16_bf16" not in r for r in sixteen)
     assert model.gemm_warps == 8 and model.length == 3  # the model's own setting and position are back
 
-    data = {"prompt_tokens": 3, "gemm_warps_prefill_ms": {"36": {"8": [4.7, 4.8], "16": [4.6, 4.65]}}}
+    data = {"prompt_tokens": 3, "gemm_warps": 16, "gemm_warps_prefill_ms": {"36": {"8": [4.7, 4.8], "16": [4.6, 4.65]}}}
     lines = bench.gemm_warps_lines(data)
+    assert "the engine's setting in this run: 16" in lines[1]
     assert "| 36 | 4.700 / 4.800 | 4.600 / 4.650 | -125.0 |" in lines

@@ -98,10 +98,12 @@ GEMM_ROWS_ENV = "TOOLTRIE_GEMM_ROWS"
 # two take 64) and at 512 (docs/cuda-speed-notes.md #142).
 GEMM_HALVES_ENV = "TOOLTRIE_GEMM_HALVES_TOKENS"
 GEMM_HALVES_TOKENS = 128
-# The 64-row forms gemm_mma16_bf16 and gemm_mma8_bf16 on sixteen warps, a warp with two n8 tiles
-# (gemm_mma16w_bf16, gemm_mma8w_bf16; the same bits): $TOOLTRIE_GEMM_WARPS=16 takes them (opt-in: on an H100 a
-# 36-token suffix's prefill 2% faster, each GEMM alone within 5% either way; docs/cuda-speed-notes.md #149).
+# The 64-row forms gemm_mma16_bf16 and gemm_mma8_bf16 run on sixteen warps, a warp with two n8 tiles
+# (gemm_mma16w_bf16, gemm_mma8w_bf16; the same bits); $TOOLTRIE_GEMM_WARPS=8 keeps them on eight. In context on an
+# H100 the sixteen-warp forms took a 36-token suffix's prefill from 4.36 to 4.22 ms and a 64-token one from 4.60 to
+# 4.57, and left suffixes of 8 to 256 tokens no slower (docs/cuda-speed-notes.md #149).
 GEMM_WARPS_ENV = "TOOLTRIE_GEMM_WARPS"
+GEMM_WARPS = 16
 ATTN_THREADS = 256
 ATTN_CHUNK = 32  # positions per partial of the decode attention (cuda/attention_decode.cuh)
 ATTN_SPLIT_BLOCKS = 24  # blocks per head of the decode attention; each takes every 24th chunk (three fit an SM)
@@ -200,7 +202,7 @@ class GemmMmaLaunch(NamedTuple):
 
 
 def gemm_mma_launch(
-    k_in: int, m: int, n_out: int, sms: int, halves_tokens: int = 0, rows: int = 0, warps: int = 8
+    k_in: int, m: int, n_out: int, sms: int, halves_tokens: int = 0, rows: int = 0, warps: int = GEMM_WARPS
 ) -> GemmMmaLaunch | None:
     """The engine's tensor-core GEMM for m tokens, n_out rows of inputs ``k_in`` wide: gemm_mma_kernel's kernel, in
     the row-group form gemm_mma_rows picks (``rows``: that form where it fits; gemm_mma16h_bf16 has the 64-row form
@@ -649,7 +651,7 @@ class CudaModel:
         self.gemm_rows = env_int(GEMM_ROWS_ENV, 0, 0, max(GEMM_MMA_ROW_FORMS))
         if self.gemm_rows and self.gemm_rows not in GEMM_MMA_ROW_FORMS:
             raise ValueError(f"{GEMM_ROWS_ENV}={self.gemm_rows}: the row-group forms are {sorted(GEMM_MMA_ROW_FORMS)}")
-        self.gemm_warps = env_int(GEMM_WARPS_ENV, 8, 8, 16)
+        self.gemm_warps = env_int(GEMM_WARPS_ENV, GEMM_WARPS, 8, 16)
         if self.gemm_warps not in (8, 16):
             raise ValueError(f"{GEMM_WARPS_ENV}={self.gemm_warps}: the tensor-core GEMMs run on 8 or 16 warps")
         for k in (c.hidden_size, self.q_width, c.intermediate_size):

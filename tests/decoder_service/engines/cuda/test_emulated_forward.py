@@ -45,10 +45,11 @@ def tiny_qwen3_model(decode_kernel: str = "layers") -> CudaModel:
 
 
 def mma16_launches(driver: FakeDriver) -> int:
-    """Launches of the 16-token tensor-core GEMM, in any of its row-group forms."""
-    from decoder_service.engines.cuda.forward import GEMM_MMA_ROW_FORMS, gemm_mma_row_kernel
+    """Launches of the 16-token tensor-core GEMM, in any of its row-group forms or on sixteen warps."""
+    from decoder_service.engines.cuda.forward import GEMM_MMA_ROW_FORMS, gemm_mma_row_kernel, gemm_mma_wide_kernel
 
-    return sum(driver.launches.count(gemm_mma_row_kernel(16, rows)) for rows in GEMM_MMA_ROW_FORMS)
+    kernels = [gemm_mma_row_kernel(16, rows) for rows in GEMM_MMA_ROW_FORMS] + [gemm_mma_wide_kernel(16)]
+    return sum(driver.launches.count(kernel) for kernel in kernels)
 
 
 def prompt_of(cfg: ModelConfig, n: int) -> list[int]:
@@ -193,7 +194,7 @@ def test_gemm_row_groups_follow_the_grid(m: int, n_out: int, k_in: int, kernel: 
     blocks take several groups each, 64 between; the shared memory is the form's. gemm_mma16h_bf16 keeps 64 rows."""
     from decoder_service.engines.cuda.forward import gemm_mma_halves_shared, gemm_mma_launch, gemm_mma_shared
 
-    launch = gemm_mma_launch(k_in, m, n_out, 132, halves_tokens=128)
+    launch = gemm_mma_launch(k_in, m, n_out, 132, halves_tokens=128, warps=8)
     tokens = 16 if "mma16" in kernel else 8
     assert launch == (kernel, gemm_mma_shared(tokens, k_in, rows), grid, 256)
     halves = ("gemm_mma16h_bf16", gemm_mma_halves_shared(6144), (3, 32, 1), 256)
@@ -206,7 +207,7 @@ def test_sixteen_warps_take_the_64_row_forms() -> None:
     from decoder_service.engines.cuda.forward import gemm_mma_launch
 
     for args in ((2048, 36, 2048, 132), (6144, 36, 2048, 132, 128), (2048, 36, 4096, 132), (2048, 16, 4096, 132)):
-        eight, sixteen = gemm_mma_launch(*args), gemm_mma_launch(*args, warps=16)
+        eight, sixteen = gemm_mma_launch(*args, warps=8), gemm_mma_launch(*args, warps=16)
         assert eight is not None and sixteen is not None
         if eight.kernel == "gemm_mma16_bf16":
             assert sixteen == ("gemm_mma16w_bf16", eight.shared, eight.grid, 512)
@@ -223,10 +224,12 @@ def prefill_launch_counts(driver: FakeDriver, kernels: Iterable[str]) -> dict[st
 
 
 def test_gemm_rows_setting_takes_one_row_group_form(fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch) -> None:
-    """TOOLTRIE_GEMM_ROWS=32, 64 or 128 puts every prefill GEMM of the tiny Qwen3 (8-token chunks) on that form."""
+    """TOOLTRIE_GEMM_ROWS=32, 64 or 128 puts every prefill GEMM of the tiny Qwen3 (8-token chunks) on that form (on
+    eight warps here: the next test covers sixteen)."""
     from decoder_service.engines.cuda.forward import GEMM_MMA_ROW_FORMS, gemm_mma_row_kernel
 
     layers = SHAPES["tiny-qwen3"].num_layers
+    monkeypatch.setenv("TOOLTRIE_GEMM_WARPS", "8")
     kernels = [gemm_mma_row_kernel(16, r) for r in GEMM_MMA_ROW_FORMS]
     for rows in GEMM_MMA_ROW_FORMS:
         monkeypatch.setenv("TOOLTRIE_GEMM_ROWS", str(rows))
@@ -237,13 +240,16 @@ def test_gemm_rows_setting_takes_one_row_group_form(fake_driver: FakeDriver, mon
 def test_gemm_warps_setting_puts_the_64_row_groups_on_sixteen_warps(
     fake_driver: FakeDriver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """TOOLTRIE_GEMM_WARPS=16 (with 64-row groups) launches every prefill GEMM of the tiny Qwen3 as gemm_mma16w_bf16
-    on 512 threads (the emulator checks the block); 8 keeps gemm_mma16_bf16."""
+    """By default and with TOOLTRIE_GEMM_WARPS=16, the 64-row groups launch every prefill GEMM of the tiny Qwen3 as
+    gemm_mma16w_bf16 on 512 threads (the emulator checks the block); 8 keeps gemm_mma16_bf16."""
     layers = SHAPES["tiny-qwen3"].num_layers
-    kernels = ("gemm_mma16w_bf16", "gemm_mma16_bf16")
     monkeypatch.setenv("TOOLTRIE_GEMM_ROWS", "64")
-    for warps, kernel in zip(("16", "8"), kernels, strict=True):
-        monkeypatch.setenv("TOOLTRIE_GEMM_WARPS", warps)
+    kernels = ("gemm_mma16w_bf16", "gemm_mma16_bf16")
+    for warps, kernel in ((None, kernels[0]), ("16", kernels[0]), ("8", kernels[1])):
+        if warps is None:
+            monkeypatch.delenv("TOOLTRIE_GEMM_WARPS", raising=False)
+        else:
+            monkeypatch.setenv("TOOLTRIE_GEMM_WARPS", warps)
         assert prefill_launch_counts(fake_driver, kernels) == {k: 4 * layers if k == kernel else 0 for k in kernels}
 
 
