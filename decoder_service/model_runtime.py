@@ -54,6 +54,7 @@ class ModelRuntime:
             self.tokenizer,
             self.template,
             context_length=self.config.max_position_embeddings,
+            serving_context=self.engine.context,
             catalog_id=catalog,
             version=version,
             prompt_budget=self.prompt_budget,
@@ -69,13 +70,16 @@ def load_runtime(
     progress: Callable[[str], None] = lambda stage: None,
     template_file: Path | None = None,
     weight_format: str = "bf16",
+    max_context: int | None = None,
 ) -> ModelRuntime:
     """The model at `model` (None: the embedded SmolLM2-135M-Instruct) on the chosen engine.
 
     `progress` is called as each of LOAD_STAGES begins, for a progress bar. `template_file`: a Jinja2 chat
     template to use instead of the model's own. `weight_format` 'fp8': the layer projections rounded to e4m3 rows
     with power-of-two scales at load (decoder_service/models/fp8.py), a model every engine then computes with; the
-    CUDA engine reads them as e4m3 bytes.
+    CUDA engine reads them as e4m3 bytes. `max_context`: the positions a request may fill (prompt and answer; the
+    CUDA engine reserves its KV cache for them); None: the model's trained context, capped at
+    `decoder_service.engines.factory.CUDA_MAX_CONTEXT` on the CUDA engine. A catalog's prompt gets at most half of it.
     """
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; accepted: {', '.join(ENGINES)}")
@@ -103,22 +107,24 @@ def load_runtime(
         config,
         tokenizer,
         template_file.read_text() if template_file else chat_template(path),
-        _pick_engine(engine, config, weights, head, weight_format),
+        _pick_engine(engine, config, weights, head, weight_format, max_context),
         prompt_budget,
     )
 
 
-def _pick_engine(kind: str, config: ModelConfig, weights: Weights, head: str, weight_format: str) -> Engine:
+def _pick_engine(
+    kind: str, config: ModelConfig, weights: Weights, head: str, weight_format: str, max_context: int | None
+) -> Engine:
     """'auto' takes the CUDA engine when a GPU and the cubin are usable, else the CPU engine; one log line says why."""
     if kind in ("auto", "cuda"):
         reason = _cuda_unusable_reason()
         if reason is None:
             log.info("engine %s: using the CUDA engine (head %s)", kind, head)
-            return make_engine("cuda", config, weights, head, weight_format=weight_format)
+            return make_engine("cuda", config, weights, head, weight_format=weight_format, max_context=max_context)
         if kind == "cuda":
             raise RuntimeError(f"engine cuda requested but {reason}")
         log.info("engine auto: %s; using the CPU engine", reason)
-    return make_engine("cpu", config, weights, head, weight_format=weight_format)
+    return make_engine("cpu", config, weights, head, weight_format=weight_format, max_context=max_context)
 
 
 def _cuda_unusable_reason() -> str | None:

@@ -192,6 +192,7 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServicer):
             tokenizer_fingerprint=self.identity.tokenizer_fingerprint,
             registry_connected=bool(self.registry_connected()),
             engine_failure=self.engine.failure or "",
+            context=self.engine.context,
             catalogs=[
                 pb.HeldCatalog(catalog=c, active_version=active.get(c, 0), held_versions=versions)
                 for c, versions in sorted(self.store.held().items())

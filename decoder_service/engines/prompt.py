@@ -73,6 +73,7 @@ def prepare_catalog(
     catalog_id: str,
     version: int = 0,
     prompt_budget: int | None = None,
+    serving_context: int | None = None,
     sep: int | None = None,
     stop: int | None = None,
     cache: TokenizationCache | None = None,
@@ -80,10 +81,13 @@ def prepare_catalog(
 ) -> PreparedCatalog:
     """Compile the names and tokenize the prompt prefix of one catalog version.
 
-    ``prompt_budget`` (tokens of the prefix) defaults to a quarter of ``context_length``. ``trie``: the names
-    compiled elsewhere (a registry's push); compiled here when None.
+    ``prompt_budget`` (tokens of the prefix) defaults to a quarter of ``context_length``, the model's trained context,
+    and to at most half of ``serving_context``, the positions the engine serves (its KV cache's, on the CUDA engine),
+    so that intents and answers fit beside the prefix. ``trie``: the names compiled elsewhere (a registry's push);
+    compiled here when None.
     """
-    budget = context_length // 4 if prompt_budget is None else prompt_budget
+    default = context_length // 4 if serving_context is None else min(context_length // 4, serving_context // 2)
+    budget = default if prompt_budget is None else prompt_budget
     if trie is None:
         trie = compile_catalog([t.name for t in tools], tokenizer, sep=sep, stop=stop, cache=cache)
     sep_text = tokenizer.decode([trie.sep_token])
@@ -98,7 +102,9 @@ def prepare_catalog(
         raise PromptBudgetError(
             f"the prompt of {len(tools)} tools takes {sizes[1]} tokens with names only "
             f"({sizes[0]} with descriptions), over the prompt budget of {budget} tokens "
-            f"(default: a quarter of the model's {context_length}-token context); "
+            f"(default: a quarter of the model's {context_length}-token context"
+            + ("" if serving_context is None else f", at most half of the engine's {serving_context} positions")
+            + "); "
             "raise the budget or narrow the catalog"
         )
     key_src = (

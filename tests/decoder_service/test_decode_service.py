@@ -365,6 +365,36 @@ def test_catalog_over_the_prompt_budget_is_refused_by_name(sqlite_registry: Runn
         decoder.server.stop(grace=1)
 
 
+def test_max_context_bounds_the_prompt_budget_and_shows_in_the_status(
+    sqlite_registry: RunningRegistry, tiny_dir: Path
+) -> None:
+    """A decoder asked to serve 200 positions reports them in its status, and NACKs a catalog whose prompt takes
+    more than half of them, saying so; one on the model's own context serves that catalog."""
+    with sqlite_registry.client() as client:
+        client.push("workplace", EXAMPLE_CATALOG.read_bytes(), activate=True)
+    short = start_decoder(sqlite_registry, load_runtime(tiny_dir, engine="cpu", max_context=200), node_id="short")
+    trained = start_decoder(sqlite_registry, load_runtime(tiny_dir, engine="cpu"), node_id="trained")
+    try:
+        with short.client() as client:
+            assert client.status().context == 200
+        with trained.client() as client:
+            assert client.status().context == trained.server.runtime.config.max_position_embeddings == 4096
+
+        def short_nack() -> str:
+            with sqlite_registry.client() as client:
+                mine = [d for d in client.status("workplace").decoders if d.node_id == "short"]
+            return mine[0].nack_error if mine and mine[0].nacked_version == 1 else ""
+
+        wait_until(lambda: short_nack() != "", "the short decoder's NACK")
+        assert "at most half of the engine's 200 positions" in short_nack()
+        trained.wait_for("workplace", 1)
+        pointers, _ = decode(trained, "open an issue about the failing build", 2)
+        assert {p.tool for p in pointers} <= EXAMPLE_NAMES
+    finally:
+        short.server.stop(grace=1)
+        trained.server.stop(grace=1)
+
+
 def test_fp8_weights_serve_exact_answers(sqlite_registry: RunningRegistry, tiny_dir: Path) -> None:
     """A decoder loaded with the FP8 weight format computes with e4m3 rows and answers over gRPC as any other."""
     from decoder_service.models.fp8 import fp8_rows

@@ -30,6 +30,17 @@ weights_option = click.option(
     help="fp8: layer projections rounded to e4m3 rows with power-of-two scales at load [env TOOLTRIE_WEIGHTS].",
 )
 
+# --max-context of the same commands: the positions a request may fill.
+max_context_option = click.option(
+    "--max-context",
+    type=click.IntRange(min=1),
+    envvar="TOOLTRIE_MAX_CONTEXT",
+    default=None,
+    help="Positions a request may fill, prompt and answer; a catalog's prompt gets at most half. The CUDA engine "
+    "reserves its KV cache for them [env TOOLTRIE_MAX_CONTEXT; default: the model's trained context, at most 16384 "
+    "on the CUDA engine].",
+)
+
 
 def registry_options(command: F) -> F:
     """--registry, --token and --tls-ca, turned into a `client` argument."""
@@ -67,6 +78,18 @@ def reports_rpc_errors(command: F) -> F:
             raise SystemExit(2 if code == grpc.StatusCode.INVALID_ARGUMENT else 1) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def load_runtime_or_exit(model: str | None, **options: Any) -> Any:
+    """`load_runtime` for a command: a model, option or GPU that cannot serve (a missing file, a context past the
+    model's, no usable GPU for --engine cuda, too little device memory) prints one line and exits 1, not a
+    traceback."""
+    from decoder_service.model_runtime import load_runtime
+
+    try:
+        return load_runtime(model, **options)
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def setup_logging(verbose: bool = False) -> None:

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import click
 
-from tooltrie.cli.common import reports_rpc_errors, serve_until_signal, setup_logging, weights_option
+from tooltrie.cli.common import (
+    load_runtime_or_exit,
+    max_context_option,
+    reports_rpc_errors,
+    serve_until_signal,
+    setup_logging,
+    weights_option,
+)
 from tooltrie.client import resolve_token
 from tooltrie.decoder_client import DecoderClient
 from tooltrie.grpc_limits import DEFAULT_DECODER_ADDRESS, DEFAULT_REGISTRY_ADDRESS
@@ -27,6 +34,14 @@ def decoder() -> None:
 @click.option("--engine", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--head", type=click.Choice(["sparse", "dense"]), default="sparse", show_default=True)
 @weights_option
+@max_context_option
+@click.option(
+    "--grammar-mode",
+    type=click.Choice(["token", "char"]),
+    default="token",
+    show_default=True,
+    help="char: subscribe to character tries, which accept any tokenization that spells a catalog name.",
+)
 @click.option("--node-id", default="", help="Identity reported to the registry; default HOST:PORT.")
 @click.option("--max-active", type=int, default=1, show_default=True, help="Decodes running at once.")
 @click.option("--max-queued", type=int, default=32, show_default=True, help="Decodes waiting; beyond: refused.")
@@ -55,6 +70,8 @@ def serve(
     engine: str,
     head: str,
     weight_format: str,
+    max_context: int | None,
+    grammar_mode: str,
     node_id: str,
     max_active: int,
     max_queued: int,
@@ -63,15 +80,20 @@ def serve(
     tls_key: Path | None,
     grace: float,
     tokens_file: Path | None,
-    grammar_mode: str,
     chat_template: Path | None,
 ) -> None:
     """Serve Decode with the grammars the registry pushes, until SIGTERM or Ctrl-C."""
-    from decoder_service.model_runtime import load_runtime
     from decoder_service.server import DecoderConfig, DecoderServer
 
     setup_logging()
-    runtime = load_runtime(model, engine=engine, head=head, template_file=chat_template, weight_format=weight_format)
+    runtime = load_runtime_or_exit(
+        model,
+        engine=engine,
+        head=head,
+        template_file=chat_template,
+        weight_format=weight_format,
+        max_context=max_context,
+    )
     config = DecoderConfig(
         registry=registry,
         registry_token=resolve_token(token),
@@ -103,7 +125,10 @@ def status(address: str | None, tls_ca: Path | None) -> None:
     with DecoderClient(address, tls_ca) as client:
         reply = client.status()
     connected = "connected" if reply.registry_connected else "NOT connected"
-    click.echo(f"node {reply.node_id}: engine {reply.engine}, model {reply.model}, registry {connected}")
+    click.echo(
+        f"node {reply.node_id}: engine {reply.engine}, model {reply.model}, context {reply.context} positions, "
+        f"registry {connected}"
+    )
     click.echo(f"tokenizer {reply.tokenizer} ({reply.tokenizer_fingerprint[:16]})")
     if reply.engine_failure:
         click.echo(f"NOT SERVING: {reply.engine_failure}")

@@ -17,7 +17,13 @@ import click
 from tqdm import tqdm
 
 from tooltrie.cli.catalog import describe_version
-from tooltrie.cli.common import reports_rpc_errors, setup_logging, weights_option
+from tooltrie.cli.common import (
+    load_runtime_or_exit,
+    max_context_option,
+    reports_rpc_errors,
+    setup_logging,
+    weights_option,
+)
 from tooltrie.cli.decoder import print_event
 from tooltrie.client import RegistryClient, resolve_token
 from tooltrie.decoder_client import DecoderClient
@@ -37,6 +43,7 @@ EXAMPLE_INTENTS = (
 @click.option("--model", default=None, help="GGUF file or HF directory; default: the embedded SmolLM2-135M.")
 @click.option("--engine", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @weights_option
+@max_context_option
 @click.option(
     "--catalog-file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -53,12 +60,13 @@ def up(
     model: str | None,
     engine: str,
     weight_format: str,
+    max_context: int | None,
     catalog_file: Path,
     catalog_name: str,
     once: bool,
 ) -> None:
     """Run registry + decoder, push the example catalog and decode a few example intents."""
-    from decoder_service.model_runtime import LOAD_STAGES, load_runtime
+    from decoder_service.model_runtime import LOAD_STAGES
     from decoder_service.server import DecoderConfig, DecoderServer
     from registry_service.server import RegistryConfig, RegistryServer
 
@@ -70,10 +78,11 @@ def up(
     servers: list[RegistryServer | DecoderServer] = [registry]
     try:
         with tqdm(total=len(LOAD_STAGES), desc="loading model", unit="stage") as bar:
-            runtime = load_runtime(
+            runtime = load_runtime_or_exit(
                 model,
                 engine=engine,
                 weight_format=weight_format,
+                max_context=max_context,
                 progress=lambda stage: (bar.set_postfix_str(stage), bar.update(0 if stage == LOAD_STAGES[0] else 1)),
             )
             bar.update(bar.total - bar.n)

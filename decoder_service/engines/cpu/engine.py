@@ -47,11 +47,13 @@ class CpuEngine(Engine):
         prefix_cache_entries: int = 4,
         forced_tail: bool | None = None,
         forced_chains: bool | None = None,
+        max_context: int | None = None,
     ) -> None:
         if head not in HEADS:
             raise ValueError(f"unknown head {head!r}; accepted: {', '.join(HEADS)}")
         self.model = model
-        self.context = model.config.max_position_embeddings  # the positions the model was trained for
+        # the positions a request may fill: the model's trained context, or fewer where asked
+        self.context = model.config.max_position_embeddings if max_context is None else max_context
         self.head = head
         self.forced_tail = forced_tail_default() if forced_tail is None else forced_tail
         self.forced_chains = forced_chains_default() if forced_chains is None else forced_chains

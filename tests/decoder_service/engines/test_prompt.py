@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from decoder_service.engines.catalog import Tool, parse_mcp_tools
+from decoder_service.engines.catalog import PreparedCatalog, Tool, parse_mcp_tools
 from decoder_service.engines.prompt import PromptBudgetError, prepare_catalog, render_chat, request_suffix_ids
 from decoder_service.models.tokenizer_source import chat_template, model_tokenizer
 from tests.decoder_service.engines.conftest import TOOLS
@@ -55,6 +55,27 @@ def test_default_budget_is_a_quarter_of_the_context(tiny_dir: Path) -> None:
 
     assert with_descriptions(4 * full)
     assert not with_descriptions(4 * full - 4)
+
+
+def test_default_budget_is_at_most_half_the_engines_context(tiny_dir: Path) -> None:
+    """An engine that serves fewer positions than the model was trained for caps the default budget at half of
+    them, and says so when even the names do not fit."""
+    full = len(_prepare(tiny_dir).prefix_ids)
+
+    def prepare(serving_context: int) -> PreparedCatalog:
+        return prepare_catalog(
+            TOOLS,
+            model_tokenizer(tiny_dir),
+            chat_template(tiny_dir),
+            context_length=4096,
+            serving_context=serving_context,
+            catalog_id="c",
+        )
+
+    assert prepare(2 * full).with_descriptions
+    assert not prepare(2 * full - 2).with_descriptions
+    with pytest.raises(PromptBudgetError, match=r"over the prompt budget of 20 tokens .*half of the engine's 40 pos"):
+        prepare(40)
 
 
 def test_cache_key_follows_version(tiny_dir: Path) -> None:

@@ -87,7 +87,7 @@ class HeldCatalog(_message.Message):
     def __init__(self, catalog: _Optional[str] = ..., active_version: _Optional[int] = ..., held_versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("node_id", "engine", "model", "tokenizer", "tokenizer_fingerprint", "registry_connected", "catalogs", "engine_failure")
+    __slots__ = ("node_id", "engine", "model", "tokenizer", "tokenizer_fingerprint", "registry_connected", "catalogs", "engine_failure", "context")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,7 @@ class GetStatusResponse(_message.Message):
     REGISTRY_CONNECTED_FIELD_NUMBER: _ClassVar[int]
     CATALOGS_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     engine: str
     model: str
@@ -104,4 +105,5 @@ class GetStatusResponse(_message.Message):
     registry_connected: bool
     catalogs: _containers.RepeatedCompositeFieldContainer[HeldCatalog]
     engine_failure: str
-    def __init__(self, node_id: _Optional[str] = ..., engine: _Optional[str] = ..., model: _Optional[str] = ..., tokenizer: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., registry_connected: _Optional[bool] = ..., catalogs: _Optional[_Iterable[_Union[HeldCatalog, _Mapping]]] = ..., engine_failure: _Optional[str] = ...) -> None: ...
+    context: int
+    def __init__(self, node_id: _Optional[str] = ..., engine: _Optional[str] = ..., model: _Optional[str] = ..., tokenizer: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., registry_connected: _Optional[bool] = ..., catalogs: _Optional[_Iterable[_Union[HeldCatalog, _Mapping]]] = ..., engine_failure: _Optional[str] = ..., context: _Optional[int] = ...) -> None: ...
