@@ -9,12 +9,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 import click
 import grpc
 
 from tooltrie.client import RegistryClient, error_details
+
+if TYPE_CHECKING:
+    from decoder_service.model_runtime import ModelRuntime
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -80,7 +83,7 @@ def reports_rpc_errors(command: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def load_runtime_or_exit(model: str | None, **options: Any) -> Any:
+def load_runtime_or_exit(model: str | None, **options: Any) -> ModelRuntime:
     """`load_runtime` for a command: a model, option or GPU that cannot serve (a missing file, a context past the
     model's, no usable GPU for --engine cuda, too little device memory) prints one line and exits 1, not a
     traceback."""
