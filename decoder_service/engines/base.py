@@ -88,7 +88,7 @@ class PromptTooLong(ValueError):
         super().__init__(
             f"the prompt is {prefix_tokens + request_tokens} tokens ({prefix_tokens} of the catalog's prompt, "
             f"{request_tokens} of the request) and its answer may take {answer_tokens} more, {excess} over the "
-            f"model's context of {context} positions; shorten the intent by at least {excess} token"
+            f"engine's context of {context} positions; shorten the intent by at least {excess} token"
             + ("s" if excess > 1 else "")
         )
 

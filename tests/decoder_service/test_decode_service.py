@@ -117,9 +117,9 @@ def test_invalid_requests(stack: tuple[RunningRegistry, RunningDecoder], fields:
     assert field in {v.field for v in error_details(error)}
 
 
-def test_a_prompt_past_the_model_context_is_refused_by_field(stack: tuple[RunningRegistry, RunningDecoder]) -> None:
+def test_a_prompt_past_the_engine_context_is_refused_by_field(stack: tuple[RunningRegistry, RunningDecoder]) -> None:
     """Text within the character limit whose tokens, with the catalog's prompt and the longest answer, exceed the
-    model's context (the tiny model's 4,096 positions): INVALID_ARGUMENT on the field that carried it, and the
+    engine's context (the tiny model's 4,096 positions): INVALID_ARGUMENT on the field that carried it, and the
     decoder answers the next request."""
     decoder = stack[1]
     long_text = "\U0001f642" * 7990  # a few tokens a character; "user: " and it make 7,996 characters
@@ -131,7 +131,7 @@ def test_a_prompt_past_the_model_context_is_refused_by_field(stack: tuple[Runnin
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
         [violation] = error_details(error)
         assert violation.field == field
-        assert "over the model's context of 4096 positions; shorten the intent" in violation.description
+        assert "over the engine's context of 4096 positions; shorten the intent" in violation.description
     assert len(decode(decoder, "send a message", 1)[0]) == 1
 
 
