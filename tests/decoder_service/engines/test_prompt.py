@@ -10,7 +10,9 @@ from decoder_service.models.tokenizer_source import chat_template, model_tokeniz
 from tests.decoder_service.engines.conftest import TOOLS
 
 
-def _prepare(tiny_dir: Path, budget: int | None = None, tools=TOOLS, version: int = 1):
+def _prepare(
+    tiny_dir: Path, budget: int | None = None, tools=TOOLS, version: int = 1, serving_context: int | None = None
+) -> PreparedCatalog:
     return prepare_catalog(
         tools,
         model_tokenizer(tiny_dir),
@@ -19,6 +21,7 @@ def _prepare(tiny_dir: Path, budget: int | None = None, tools=TOOLS, version: in
         catalog_id="c",
         version=version,
         prompt_budget=budget,
+        serving_context=serving_context,
     )
 
 
@@ -61,21 +64,10 @@ def test_default_budget_is_at_most_half_the_engines_context(tiny_dir: Path) -> N
     """An engine that serves fewer positions than the model was trained for caps the default budget at half of
     them, and says so when even the names do not fit."""
     full = len(_prepare(tiny_dir).prefix_ids)
-
-    def prepare(serving_context: int) -> PreparedCatalog:
-        return prepare_catalog(
-            TOOLS,
-            model_tokenizer(tiny_dir),
-            chat_template(tiny_dir),
-            context_length=4096,
-            serving_context=serving_context,
-            catalog_id="c",
-        )
-
-    assert prepare(2 * full).with_descriptions
-    assert not prepare(2 * full - 2).with_descriptions
+    assert _prepare(tiny_dir, serving_context=2 * full).with_descriptions
+    assert not _prepare(tiny_dir, serving_context=2 * full - 2).with_descriptions
     with pytest.raises(PromptBudgetError, match=r"over the prompt budget of 20 tokens .*half of the engine's 40 pos"):
-        prepare(40)
+        _prepare(tiny_dir, serving_context=40)
 
 
 def test_cache_key_follows_version(tiny_dir: Path) -> None:
