@@ -93,7 +93,10 @@ def up(
         decoder.start()
         servers.append(decoder)
         decoder_address = f"{decoder_listen.rsplit(':', 1)[0]}:{decoder.port}"
-        click.echo(f"decoder listening on {decoder_address} (engine {runtime.engine.name}, model {runtime.path.name})")
+        click.echo(
+            f"decoder listening on {decoder_address} (engine {runtime.engine.name}, model {runtime.path.name}, "
+            f"context {runtime.engine.context} positions)"
+        )
 
         with RegistryClient(registry_address) as client:
             client.channel_ready(timeout=60)

@@ -29,6 +29,7 @@ def test_up_once_runs_registry_decoder_and_example_decodes(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     assert "pushed: workplace v1  active" in out
+    assert re.search(r"decoder listening on \S+ \(engine \w+, model SmolLM2\S+, context 8192 positions\)", out)
     assert re.search(r"compiled for gguf:SmolLM2-135M-Instruct\.Q4_1\.gguf: \d+ trie nodes", out)
     names = {t["name"] for t in json.loads(EXAMPLE_CATALOG.read_text())["tools"]}
     answers = re.findall(r"^(\d+)\. (\S+)  \(v1, score", out, flags=re.M)
