@@ -15,8 +15,8 @@
 #   e2e.log              `tooltrie up --once --engine cuda` on a tiny synthetic Qwen3: registry, decoder, decodes
 #   bench_gpu_side_by_side.json, side_by_side.log   real tokenizer and catalogs, beside transformers and the floor
 # STAGES (default "engine kernels bench side e2e") picks what runs: engine = tests/.../test_engine_gpu.py,
-# kernels = the other CUDA tests, bench = the decode and forward benchmarks, side = the side-by-side benchmark
-# (transformers eager and compiled on the same weights), e2e = the whole product on the CUDA engine.
+# kernels = the other CUDA tests but the build's, bench = the decode and forward benchmarks, side = the side-by-side
+# benchmark (transformers eager and compiled on the same weights), e2e = the whole product on the CUDA engine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-results/gpu-run}"
@@ -45,7 +45,8 @@ cat "$OUT/env.txt"
 
 tests=()
 case " $STAGES " in *" engine "*) tests+=(tests/decoder_service/engines/cuda/test_engine_gpu.py) ;; esac
-case " $STAGES " in *" kernels "*) for t in test_build test_emulated_forward test_kernels_gpu test_model_gpu \
+# The build tests (tests/.../test_build.py) need nvcc but no GPU: CI runs them, and here they took 96 s a run.
+case " $STAGES " in *" kernels "*) for t in test_emulated_forward test_kernels_gpu test_model_gpu \
     test_persistent test_persistent_gpu; do
   tests+=("tests/decoder_service/engines/cuda/$t.py"); done ;; esac
 tests_rc=0
