@@ -10,6 +10,7 @@ from typing import Any
 
 from tooltrie.grammar.tokenizers import Tokenizer
 from tooltrie.grammar.trie import CompiledTrie
+from tooltrie.names import name_problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,9 @@ def parse_mcp_tools(payload: dict[str, Any] | list[Any]) -> list[Tool]:
     for i, item in enumerate(items):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
             raise ValueError(f"tool #{i} has no string 'name'; every tool needs one")
+        problem = name_problem(item["name"])
+        if problem:  # the registry's rule, so a file decoded here is one the registry would take
+            raise ValueError(f"tools[{i}].name: {problem}")
         tools.append(Tool(item["name"], str(item.get("description") or "")))
     return tools
 

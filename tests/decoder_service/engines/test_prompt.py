@@ -84,3 +84,6 @@ def test_parse_mcp_tools() -> None:
         parse_mcp_tools({"tools": [{"name": "a"}, {"title": "b"}]})
     with pytest.raises(ValueError, match="MCP tools/list result"):
         parse_mcp_tools({"tools": []})
+    # the registry's naming rule, so that a file decoded locally is one the registry would take
+    with pytest.raises(ValueError, match=r"tools\[1\]\.name: 'send mail!' \(10 characters\) is not 1-128 characters"):
+        parse_mcp_tools({"tools": [{"name": "a"}, {"name": "send mail!"}]})
