@@ -304,6 +304,10 @@ def test_a_failed_gpu_context_takes_the_decoder_out_of_service(
         assert client.status().engine_failure.startswith("the GPU context failed")
     shown = CliRunner().invoke(main, ["decoder", "status"], env={"TOOLTRIE_DECODER": decoder.address})
     assert shown.exit_code == 0 and "NOT SERVING: the GPU context failed" in shown.output
+    # the CLI says why, and does not suggest starting a decoder that is running
+    refused = CliRunner().invoke(main, ["decode", "send a message", "--catalog", "small", "--decoder", decoder.address])
+    assert refused.exit_code == 1 and "error: UNAVAILABLE: this decoder can no longer decode" in refused.output
+    assert "is the decoder running" not in refused.output
 
 
 def test_decode_tokens_and_tls(sqlite_registry: RunningRegistry, runtime: ModelRuntime, tmp_path: Path) -> None:

@@ -64,23 +64,39 @@ def registry_options(command: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def reports_rpc_errors(command: F) -> F:
-    """Prints a failed call's status, message and field violations, and exits non-zero."""
+def _rpc_error_reporter(service: str, start: str) -> Callable[[F], F]:
+    """A decorator that prints a failed call's status, message and field violations, and exits non-zero; where no
+    connection was made, it says how to start ``service``."""
 
-    @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except grpc.RpcError as error:
-            code = error.code()  # type: ignore[attr-defined]
-            click.echo(f"error: {code.name}: {error.details()}", err=True)  # type: ignore[attr-defined]
-            for violation in error_details(error):
-                click.echo(f"  {violation.field}: {violation.description}", err=True)
-            if code == grpc.StatusCode.UNAVAILABLE:
-                click.echo("  is the service running? start one with `tooltrie registry serve`", err=True)
-            raise SystemExit(2 if code == grpc.StatusCode.INVALID_ARGUMENT else 1) from None
+    def decorate(command: F) -> F:
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return command(*args, **kwargs)
+            except grpc.RpcError as error:
+                code = error.code()  # type: ignore[attr-defined]
+                details = error.details() or ""  # type: ignore[attr-defined]
+                click.echo(f"error: {code.name}: {details}", err=True)
+                for violation in error_details(error):
+                    click.echo(f"  {violation.field}: {violation.description}", err=True)
+                # Not for an UNAVAILABLE the service itself sent (a decoder whose GPU failed): it is running.
+                if code == grpc.StatusCode.UNAVAILABLE and _not_connected(details):
+                    click.echo(f"  is the {service} running? start one with {start}", err=True)
+                raise SystemExit(2 if code == grpc.StatusCode.INVALID_ARGUMENT else 1) from None
 
-    return wrapper  # type: ignore[return-value]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def _not_connected(details: str) -> bool:
+    """Whether gRPC's own message says the channel reached no server."""
+    lowered = details.lower()
+    return any(s in lowered for s in ("failed to connect", "connection refused", "dns resolution failed"))
+
+
+reports_rpc_errors = _rpc_error_reporter("registry", "`tooltrie registry serve`")
+reports_decoder_rpc_errors = _rpc_error_reporter("decoder", "`tooltrie decoder serve` (or `tooltrie up`)")
 
 
 def load_runtime_or_exit(model: str | None, **options: Any) -> ModelRuntime:

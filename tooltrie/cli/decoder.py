@@ -10,7 +10,7 @@ import click
 from tooltrie.cli.common import (
     load_runtime_or_exit,
     max_context_option,
-    reports_rpc_errors,
+    reports_decoder_rpc_errors,
     serve_until_signal,
     setup_logging,
     weights_option,
@@ -119,7 +119,7 @@ def serve(
 @decoder.command()
 @click.option("--decoder", "address", envvar="TOOLTRIE_DECODER", default=None, help="Decoder HOST:PORT.")
 @click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
-@reports_rpc_errors
+@reports_decoder_rpc_errors
 def status(address: str | None, tls_ca: Path | None) -> None:
     """Show the decoder's engine, model and the grammars it holds."""
     with DecoderClient(address, tls_ca) as client:
@@ -147,7 +147,7 @@ def status(address: str | None, tls_ca: Path | None) -> None:
 @click.option("--decoder", "address", envvar="TOOLTRIE_DECODER", default=None, help="Decoder HOST:PORT.")
 @click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per pointer, then a summary line.")
-@reports_rpc_errors
+@reports_decoder_rpc_errors
 def decode(
     intent: str, catalog: str, k: int, version: int, address: str | None, tls_ca: Path | None, as_json: bool
 ) -> None:

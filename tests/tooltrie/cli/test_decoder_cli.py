@@ -106,3 +106,9 @@ def test_decoder_serve_refuses_a_context_past_the_models(registry: RunningRegist
     assert result.returncode == 1
     assert "Error: max context 5,000 positions exceeds the 4,096 the model was trained for" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_an_unreachable_decoder_says_how_to_start_one() -> None:
+    result = CliRunner().invoke(main, ["decode", "x", "--catalog", "c", "--decoder", f"127.0.0.1:{free_port()}"])
+    assert result.exit_code == 1
+    assert "error: UNAVAILABLE" in result.output and "start one with `tooltrie decoder serve`" in result.output
