@@ -64,8 +64,14 @@ def serve(
 @click.option("--db", "db_url", envvar="TOOLTRIE_REGISTRY_DB", default=None, help="Database URL; default SQLite.")
 def migrate(db_url: str | None) -> None:
     """Bring the database schema to the latest migration."""
+    from sqlalchemy.exc import OperationalError
+
     from registry_service.db.database import Database
 
     database = Database(db_url or default_registry_db_url())
-    database.migrate()
-    click.echo(f"schema at the latest migration: {make_url(database.url).render_as_string(hide_password=True)}")
+    shown_db = make_url(database.url).render_as_string(hide_password=True)
+    try:
+        database.migrate()
+    except OperationalError as exc:  # unreachable server, refused login: one line, not a traceback
+        raise click.ClickException(f"cannot migrate {shown_db}: {str(exc.orig).strip().splitlines()[0]}") from exc
+    click.echo(f"schema at the latest migration: {shown_db}")
