@@ -163,9 +163,13 @@ def audit(client: RegistryClient, name: str, limit: int) -> None:
 def compile_command(client: RegistryClient, name: str, spec: str, version: int, mode: str) -> None:
     """Compile a catalog version for a tokenizer (registering it with the registry) and print the stats."""
     from tooltrie.grammar import load_tokenizer
+    from tooltrie.grammar.errors import TokenizerError
     from tooltrie.grammar.tokenizers.blob import to_blob
 
-    blob = to_blob(load_tokenizer(spec))
+    try:
+        blob = to_blob(load_tokenizer(spec))
+    except TokenizerError as exc:
+        raise click.BadParameter(str(exc), param_hint="--tokenizer") from exc
     client.register_tokenizer(
         pb.TokenizerBlob(fingerprint=blob.fingerprint, kind=blob.kind, data=blob.data, name=blob.name)
     )

@@ -107,3 +107,17 @@ def test_compile_prints_the_stats(sqlite_registry: RunningRegistry) -> None:
     assert "fits the 64 KiB constant bank" in lines[2]
     status = run(sqlite_registry, "catalog", "status", "workplace")
     assert status.output.splitlines() == ["workplace: active v1", "  no decoder has subscribed to it"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [("foo", "unknown tokenizer spec 'foo'; accepted: qwen3"), ("gguf:/missing/model.gguf", "no GGUF file at")],
+)
+def test_compile_with_a_tokenizer_it_cannot_load_is_a_usage_error(
+    sqlite_registry: RunningRegistry, spec: str, reason: str
+) -> None:
+    run(sqlite_registry, "catalog", "push", str(EXAMPLE_CATALOG), "--catalog", "workplace", "--activate")
+    result = run(sqlite_registry, "catalog", "compile", "workplace", "--tokenizer", spec)
+    assert result.exit_code == 2
+    assert f"Error: Invalid value for --tokenizer: {reason}" in result.output
+    assert "Traceback" not in result.output
