@@ -5,11 +5,9 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -21,7 +19,8 @@ from decoder_service.service import DecoderIdentity, DecoderServicer
 from decoder_service.subscriber import RegistrySubscriber
 from tooltrie.auth import Authenticator, load_optional_tokens
 from tooltrie.decoder.v1 import decoder_pb2, decoder_pb2_grpc
-from tooltrie.grpc_limits import DEFAULT_DECODER_ADDRESS, DEFAULT_REGISTRY_ADDRESS, channel_options
+from tooltrie.grpc_limits import DEFAULT_DECODER_ADDRESS, DEFAULT_REGISTRY_ADDRESS
+from tooltrie.grpc_listen import bind, new_server
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +53,8 @@ class DecoderServer:
         self.store = GrammarStore(runtime.prepare)
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(
-                max_workers=config.max_active + config.max_queued + 8, thread_name_prefix="decoder"
-            ),
-            options=channel_options(),
-        )
-        self.port = self._bind()
+        self._server = new_server(config.max_active + config.max_queued + 8, "decoder")
+        self.port = bind(self._server, config.listen, config.tls_cert, config.tls_key)
         self.node_id = config.node_id or f"{socket.gethostname()}:{self.port}"
         self.subscriber = RegistrySubscriber(
             config.registry,
@@ -93,20 +87,6 @@ class DecoderServer:
         self.first_grammar = threading.Event()
         self.store.on_change(self.first_grammar.set)
         self.metrics_server = None
-
-    def _bind(self) -> int:
-        if self.config.tls_cert or self.config.tls_key:
-            if not (self.config.tls_cert and self.config.tls_key):
-                raise ValueError("TLS needs both --tls-cert and --tls-key")
-            credentials = grpc.ssl_server_credentials(
-                [(self.config.tls_key.read_bytes(), self.config.tls_cert.read_bytes())]
-            )
-            port = self._server.add_secure_port(self.config.listen, credentials)
-        else:
-            port = self._server.add_insecure_port(self.config.listen)
-        if port == 0:
-            raise OSError(f"could not listen on {self.config.listen}")
-        return port
 
     def _serving_changed(self) -> None:
         failed = self.runtime.engine.failure is not None

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -17,7 +15,8 @@ from registry_service.service import RegistryServicer
 from registry_service.store import CatalogStore
 from registry_service.validation import CatalogLimits
 from tooltrie.auth import Authenticator, load_server_tokens
-from tooltrie.grpc_limits import DEFAULT_REGISTRY_ADDRESS, channel_options
+from tooltrie.grpc_limits import DEFAULT_REGISTRY_ADDRESS
+from tooltrie.grpc_listen import bind, new_server
 from tooltrie.registry.v1 import registry_pb2, registry_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -48,31 +47,13 @@ class RegistryServer:
         )
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self._stopping = threading.Event()
-        self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="registry"),
-            options=channel_options(),
-        )
+        self._server = new_server(config.max_workers, "registry")
         registry_pb2_grpc.add_RegistryServicer_to_server(self.servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection((SERVICE_NAME, reflection.SERVICE_NAME, health.SERVICE_NAME), self._server)
         self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.port = self._bind()
+        self.port = bind(self._server, config.listen, config.tls_cert, config.tls_key)
         self._watcher = threading.Thread(target=self._watch_database, name="registry-db-watch", daemon=True)
-
-    def _bind(self) -> int:
-        address = self.config.listen
-        if self.config.tls_cert or self.config.tls_key:
-            if not (self.config.tls_cert and self.config.tls_key):
-                raise ValueError("TLS needs both --tls-cert and --tls-key")
-            credentials = grpc.ssl_server_credentials(
-                [(self.config.tls_key.read_bytes(), self.config.tls_cert.read_bytes())]
-            )
-            port = self._server.add_secure_port(address, credentials)
-        else:
-            port = self._server.add_insecure_port(address)
-        if port == 0:
-            raise OSError(f"could not listen on {address}")
-        return port
 
     def start(self) -> None:
         self._server.start()

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from decoder_service.model_runtime import ModelRuntime
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 # --weights of the commands that load a model (decoder serve, up): the weight format the engines compute with.
@@ -108,6 +109,15 @@ def load_runtime_or_exit(model: str | None, **options: Any) -> ModelRuntime:
     try:
         return load_runtime(model, **options)
     except (ValueError, RuntimeError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def built_or_exit(build: Callable[[], T]) -> T:
+    """``build()`` of a server for a command: an address it cannot listen on or a TLS file that is missing or not PEM
+    prints one line and exits 1, not a traceback."""
+    try:
+        return build()
+    except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
 
 

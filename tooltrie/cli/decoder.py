@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from tooltrie.cli.common import (
+    built_or_exit,
     load_runtime_or_exit,
     max_context_option,
     reports_decoder_rpc_errors,
@@ -108,7 +109,7 @@ def serve(
         tokens_file=tokens_file,
         char_mode=grammar_mode == "char",
     )
-    server = DecoderServer(config, runtime)
+    server = built_or_exit(lambda: DecoderServer(config, runtime))
     server.start()
     host = listen.rsplit(":", 1)[0]
     print(f"decoder listening on {host}:{server.port} (node {server.node_id}, registry {registry})", flush=True)

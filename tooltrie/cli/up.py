@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from tooltrie.cli.catalog import describe_version
 from tooltrie.cli.common import (
+    built_or_exit,
     load_runtime_or_exit,
     max_context_option,
     reports_rpc_errors,
@@ -71,7 +72,9 @@ def up(
     from registry_service.server import RegistryConfig, RegistryServer
 
     setup_logging()
-    registry = RegistryServer(RegistryConfig(db_url=default_registry_db_url(), listen=registry_listen))
+    registry = built_or_exit(
+        lambda: RegistryServer(RegistryConfig(db_url=default_registry_db_url(), listen=registry_listen))
+    )
     registry.start()
     registry_address = f"{registry_listen.rsplit(':', 1)[0]}:{registry.port}"
     click.echo(f"registry listening on {registry_address} (data in {data_dir()})")
@@ -86,10 +89,10 @@ def up(
                 progress=lambda stage: (bar.set_postfix_str(stage), bar.update(0 if stage == LOAD_STAGES[0] else 1)),
             )
             bar.update(bar.total - bar.n)
-        decoder = DecoderServer(
-            DecoderConfig(registry=registry_address, registry_token=resolve_token(None), listen=decoder_listen),
-            runtime,
+        decoder_config = DecoderConfig(
+            registry=registry_address, registry_token=resolve_token(None), listen=decoder_listen
         )
+        decoder = built_or_exit(lambda: DecoderServer(decoder_config, runtime))
         decoder.start()
         servers.append(decoder)
         decoder_address = f"{decoder_listen.rsplit(':', 1)[0]}:{decoder.port}"
