@@ -99,9 +99,13 @@ class DecoderServer:
         self.health.set(SERVICE_NAME, status)
 
     def start(self) -> None:
-        self._server.start()
+        """Metrics first: an address they cannot take fails the start (OSError) before anything serves."""
         if self.config.metrics_listen:
-            self.metrics_server = self.metrics.serve(self.config.metrics_listen)
+            try:
+                self.metrics_server = self.metrics.serve(self.config.metrics_listen)
+            except (OSError, ValueError) as exc:
+                raise OSError(f"cannot serve metrics on {self.config.metrics_listen}: {exc}") from exc
+        self._server.start()
         self.subscriber.start()
 
     def stop(self, grace: float | None = 5.0) -> None:

@@ -185,6 +185,17 @@ def test_status_and_metrics(stack: tuple[RunningRegistry, RunningDecoder]) -> No
     assert "tooltrie_decoder_first_pointer_seconds_count 1.0" in text
 
 
+def test_a_metrics_address_in_use_fails_the_start_before_anything_serves(
+    stack: tuple[RunningRegistry, RunningDecoder], runtime: ModelRuntime
+) -> None:
+    """A second decoder asking for the first one's metrics port: its start raises OSError naming the address (the
+    command prints it and exits 1) before its gRPC server starts."""
+    registry, first = stack
+    busy = f"127.0.0.1:{first.server.metrics_server.server_port}"  # type: ignore[union-attr]
+    with pytest.raises(OSError, match=f"cannot serve metrics on {busy}: .*in use"):
+        start_decoder(registry, runtime, node_id="second", metrics_listen=busy)
+
+
 def test_cancel_and_deadline_free_the_decoder(stack: tuple[RunningRegistry, RunningDecoder]) -> None:
     _, decoder = stack
     with decoder.client() as client:

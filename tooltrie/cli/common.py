@@ -112,11 +112,11 @@ def load_runtime_or_exit(model: str | None, **options: Any) -> ModelRuntime:
         raise click.ClickException(str(exc)) from exc
 
 
-def built_or_exit(build: Callable[[], T]) -> T:
-    """``build()`` of a server for a command: an address it cannot listen on or a TLS file that is missing or not PEM
-    prints one line and exits 1, not a traceback."""
+def setup_or_exit(step: Callable[[], T]) -> T:
+    """``step()``, a server's construction or start, for a command: an address it cannot listen on or a TLS file that
+    is missing or not PEM prints one line and exits 1, not a traceback."""
     try:
-        return build()
+        return step()
     except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import click
 
 from tooltrie.cli.common import (
-    built_or_exit,
     load_runtime_or_exit,
     max_context_option,
     reports_decoder_rpc_errors,
     serve_until_signal,
     setup_logging,
+    setup_or_exit,
     weights_option,
 )
 from tooltrie.client import resolve_token
@@ -109,8 +109,8 @@ def serve(
         tokens_file=tokens_file,
         char_mode=grammar_mode == "char",
     )
-    server = built_or_exit(lambda: DecoderServer(config, runtime))
-    server.start()
+    server = setup_or_exit(lambda: DecoderServer(config, runtime))
+    setup_or_exit(server.start)
     host = listen.rsplit(":", 1)[0]
     print(f"decoder listening on {host}:{server.port} (node {server.node_id}, registry {registry})", flush=True)
 

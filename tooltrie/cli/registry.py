@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from sqlalchemy.engine import make_url
 
-from tooltrie.cli.common import built_or_exit, serve_until_signal, setup_logging
+from tooltrie.cli.common import serve_until_signal, setup_logging, setup_or_exit
 from tooltrie.grpc_limits import DEFAULT_REGISTRY_ADDRESS
 from tooltrie.paths import default_registry_db_url
 
@@ -50,7 +50,7 @@ def serve(
         migrate=not no_migrate,
         limits=CatalogLimits(max_tools=max_tools),
     )
-    server = built_or_exit(lambda: RegistryServer(config))
+    server = setup_or_exit(lambda: RegistryServer(config))
     server.start()
     host = listen.rsplit(":", 1)[0]
     shown_db = make_url(server.database.url).render_as_string(hide_password=True)

@@ -18,11 +18,11 @@ from tqdm import tqdm
 
 from tooltrie.cli.catalog import describe_version
 from tooltrie.cli.common import (
-    built_or_exit,
     load_runtime_or_exit,
     max_context_option,
     reports_rpc_errors,
     setup_logging,
+    setup_or_exit,
     weights_option,
 )
 from tooltrie.cli.decoder import print_event
@@ -72,7 +72,7 @@ def up(
     from registry_service.server import RegistryConfig, RegistryServer
 
     setup_logging()
-    registry = built_or_exit(
+    registry = setup_or_exit(
         lambda: RegistryServer(RegistryConfig(db_url=default_registry_db_url(), listen=registry_listen))
     )
     registry.start()
@@ -92,8 +92,8 @@ def up(
         decoder_config = DecoderConfig(
             registry=registry_address, registry_token=resolve_token(None), listen=decoder_listen
         )
-        decoder = built_or_exit(lambda: DecoderServer(decoder_config, runtime))
-        decoder.start()
+        decoder = setup_or_exit(lambda: DecoderServer(decoder_config, runtime))
+        setup_or_exit(decoder.start)
         servers.append(decoder)
         decoder_address = f"{decoder_listen.rsplit(':', 1)[0]}:{decoder.port}"
         click.echo(
