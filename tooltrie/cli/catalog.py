@@ -146,11 +146,14 @@ def rollback(client: RegistryClient, name: str) -> None:
 @reports_rpc_errors
 def audit(client: RegistryClient, name: str, limit: int) -> None:
     """The audit log of writes, newest first (every catalog unless NAME is given)."""
+    count = 0
     for count, event in enumerate(client.audit(name), 1):
         at = event.at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S")
         click.echo(f"{at} UTC  {event.actor:12} {event.action:9} {event.catalog} v{event.version}  {event.detail_json}")
         if count >= limit:
             break
+    if count == 0:  # say so, rather than print nothing
+        click.echo(f"no writes recorded for {name}" if name else "no writes recorded yet")
 
 
 @catalog.command(name="compile")

@@ -56,6 +56,7 @@ def test_push_list_show_diff_activate_rollback(sqlite_registry: RunningRegistry,
 
     assert "active: workplace v1" in run(r, "catalog", "activate", "workplace", "1").output
     assert "rolled back: workplace v2" in run(r, "catalog", "rollback", "workplace").output
+    assert run(r, "catalog", "audit", "other").output == "no writes recorded for other\n"
     audit = run(r, "catalog", "audit", "workplace").output.splitlines()
     assert [line.split()[4] for line in audit] == ["rollback", "activate", "activate", "push", "push", "push"]
 
