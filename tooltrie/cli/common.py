@@ -9,15 +9,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import click
 import grpc
 
 from tooltrie.client import RegistryClient, error_details
-
-if TYPE_CHECKING:
-    from decoder_service.model_runtime import ModelRuntime
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -100,24 +97,14 @@ reports_rpc_errors = _rpc_error_reporter("registry", "`tooltrie registry serve`"
 reports_decoder_rpc_errors = _rpc_error_reporter("decoder", "`tooltrie decoder serve` (or `tooltrie up`)")
 
 
-def load_runtime_or_exit(model: str | None, **options: Any) -> ModelRuntime:
-    """`load_runtime` for a command: a model, option or GPU that cannot serve (a missing file, a context past the
-    model's, no usable GPU for --engine cuda, too little device memory) prints one line and exits 1, not a
-    traceback."""
-    from decoder_service.model_runtime import load_runtime
-
-    try:
-        return load_runtime(model, **options)
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise click.ClickException(str(exc)) from exc
-
-
 def setup_or_exit(step: Callable[[], T]) -> T:
-    """``step()``, a server's construction or start, for a command: an address it cannot listen on or a TLS file that
-    is missing or not PEM prints one line and exits 1, not a traceback."""
+    """``step()``, one part of a command's start (loading the model, building or starting a server): what cannot
+    serve (a missing model file, a context past the model's, no usable GPU for --engine cuda, too little device
+    memory, an address that cannot be listened on, a TLS file that is missing or not PEM) prints one line and exits
+    1, not a traceback."""
     try:
         return step()
-    except (ValueError, OSError) as exc:
+    except (ValueError, RuntimeError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from tooltrie.cli.common import (
-    load_runtime_or_exit,
     max_context_option,
     reports_decoder_rpc_errors,
     serve_until_signal,
@@ -84,16 +83,19 @@ def serve(
     chat_template: Path | None,
 ) -> None:
     """Serve Decode with the grammars the registry pushes, until SIGTERM or Ctrl-C."""
+    from decoder_service.model_runtime import load_runtime
     from decoder_service.server import DecoderConfig, DecoderServer
 
     setup_logging()
-    runtime = load_runtime_or_exit(
-        model,
-        engine=engine,
-        head=head,
-        template_file=chat_template,
-        weight_format=weight_format,
-        max_context=max_context,
+    runtime = setup_or_exit(
+        lambda: load_runtime(
+            model,
+            engine=engine,
+            head=head,
+            template_file=chat_template,
+            weight_format=weight_format,
+            max_context=max_context,
+        )
     )
     config = DecoderConfig(
         registry=registry,

@@ -18,7 +18,6 @@ from tqdm import tqdm
 
 from tooltrie.cli.catalog import describe_version
 from tooltrie.cli.common import (
-    load_runtime_or_exit,
     max_context_option,
     reports_rpc_errors,
     setup_logging,
@@ -67,7 +66,7 @@ def up(
     once: bool,
 ) -> None:
     """Run registry + decoder, push the example catalog and decode a few example intents."""
-    from decoder_service.model_runtime import LOAD_STAGES
+    from decoder_service.model_runtime import LOAD_STAGES, load_runtime
     from decoder_service.server import DecoderConfig, DecoderServer
     from registry_service.server import RegistryConfig, RegistryServer
 
@@ -81,12 +80,17 @@ def up(
     servers: list[RegistryServer | DecoderServer] = [registry]
     try:
         with tqdm(total=len(LOAD_STAGES), desc="loading model", unit="stage") as bar:
-            runtime = load_runtime_or_exit(
-                model,
-                engine=engine,
-                weight_format=weight_format,
-                max_context=max_context,
-                progress=lambda stage: (bar.set_postfix_str(stage), bar.update(0 if stage == LOAD_STAGES[0] else 1)),
+            runtime = setup_or_exit(
+                lambda: load_runtime(
+                    model,
+                    engine=engine,
+                    weight_format=weight_format,
+                    max_context=max_context,
+                    progress=lambda stage: (
+                        bar.set_postfix_str(stage),
+                        bar.update(0 if stage == LOAD_STAGES[0] else 1),
+                    ),
+                )
             )
             bar.update(bar.total - bar.n)
         decoder_config = DecoderConfig(
