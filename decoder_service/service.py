@@ -36,6 +36,21 @@ log = logging.getLogger(__name__)
 MAX_INTENT_CHARS = 8_000
 
 
+def text_field(request: pb.DecodeRequest) -> str:
+    """The field that carried a request's text: ``messages`` when given, else ``intent``."""
+    return "messages" if request.messages else "intent"
+
+
+def refuse_text(context: grpc.ServicerContext, request: pb.DecodeRequest, problem: str) -> None:
+    """Ends the call with INVALID_ARGUMENT, ``problem`` as the violation of the field that carried the text."""
+    abort(
+        context,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        problem,
+        [bad_request([FieldViolation(text_field(request), problem)])],
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class DecoderIdentity:
     node_id: str
@@ -84,8 +99,7 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServicer):
         intent = self._validate(request, context)
         grammar = self._grammar(request, context)
         if problem := intent_problem(grammar.prepared, intent):
-            field = "messages" if request.messages else "intent"
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT, problem, [bad_request([FieldViolation(field, problem)])])
+            refuse_text(context, request, problem)
         if request.k > len(grammar.tools):
             field = FieldViolation(
                 "k",
@@ -106,8 +120,7 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServicer):
         except Overloaded as exc:
             abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), [retry_info(exc.retry_after)])
         except PromptTooLong as exc:  # raised before the first event: nothing was streamed
-            field = "messages" if request.messages else "intent"
-            abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), [bad_request([FieldViolation(field, str(exc))])])
+            refuse_text(context, request, str(exc))
         except EngineFailed as exc:
             self.on_engine_failed()
             abort(context, grpc.StatusCode.UNAVAILABLE, f"this decoder can no longer decode: {exc}")
@@ -163,7 +176,7 @@ class DecoderServicer(decoder_pb2_grpc.DecoderServicer):
         intent = request.intent or "\n".join(f"{m.role}: {m.content}" for m in request.messages)
         if request.intent and request.messages:
             violations.append(FieldViolation("messages", "give either intent or messages, not both"))
-        field = "messages" if request.messages else "intent"  # the one that carried the text
+        field = text_field(request)
         if not intent.strip():
             violations.append(FieldViolation(field, "empty; say what the agent should do"))
         elif len(intent) > MAX_INTENT_CHARS:
