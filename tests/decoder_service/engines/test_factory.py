@@ -55,9 +55,9 @@ def test_the_cuda_engine_reserves_its_kv_cache_for_the_context_asked_for(
         live[asked] = sum(fake.sizes.values())
         assert engine.context == engine.model.max_context == (asked or config.max_position_embeddings)
         engine.free()
-    estimate = {n: sum(model_device_bytes(config, n, 512, "bf16").values()) for n in (4096, 1024)}
-    assert live[None] - live[1024] == estimate[4096] - estimate[1024]
-    kv_cache = {n: model_device_bytes(config, n, 512, "bf16")["KV cache"] for n in (4096, 1024)}
+    parts = {n: model_device_bytes(config, n, 512, "bf16") for n in (4096, 1024)}
+    assert live[None] - live[1024] == sum(parts[4096].values()) - sum(parts[1024].values())
+    kv_cache = {n: parts[n]["KV cache"] for n in parts}
     assert kv_cache[4096] - kv_cache[1024] == (4096 - 1024) * 2 * config.num_layers * config.num_kv_heads * (
         config.head_dim * 2  # K and V, bf16
     )

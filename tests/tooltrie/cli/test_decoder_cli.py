@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -41,14 +40,19 @@ def registry(tmp_path: Path) -> Iterator[RunningRegistry]:
     running.server.stop(grace=1)
 
 
-def serve(registry: RunningRegistry, checkpoint: Path, *options: str) -> tuple[subprocess.Popen[str], str]:
-    """A decoder process on the CPU engine; returns it and its address once it serves workplace v1."""
-    address = f"127.0.0.1:{free_port()}"
-    command = [
+def serve_command(registry: RunningRegistry, checkpoint: Path, address: str, *options: str) -> list[str]:
+    """`tooltrie decoder serve` on the CPU engine, as an operator types it."""
+    return [
         sys.executable, "-m", "tooltrie.cli.main", "decoder", "serve", "--registry", registry.address,
         "--token", registry.tokens["alice"], "--listen", address, "--model", str(checkpoint), "--engine", "cpu",
         "--node-id", "cli-decoder", *options,
     ]  # fmt: skip
+
+
+def serve(registry: RunningRegistry, checkpoint: Path, *options: str) -> tuple[subprocess.Popen[str], str]:
+    """A decoder process on the CPU engine; returns it and its address once it serves workplace v1."""
+    address = f"127.0.0.1:{free_port()}"
+    command = serve_command(registry, checkpoint, address, *options)
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def serving() -> bool:
@@ -97,12 +101,8 @@ def test_decoder_serve_answers_decode_and_status(registry: RunningRegistry, tiny
 
 def test_decoder_serve_refuses_a_context_past_the_models(registry: RunningRegistry, tiny_checkpoint: Path) -> None:
     """One line naming the limit and exit 1, no traceback, nothing left running."""
-    command = [
-        sys.executable, "-m", "tooltrie.cli.main", "decoder", "serve", "--registry", registry.address,
-        "--listen", f"127.0.0.1:{free_port()}", "--model", str(tiny_checkpoint), "--engine", "cpu",
-        "--max-context", "5000",
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ})
+    command = serve_command(registry, tiny_checkpoint, f"127.0.0.1:{free_port()}", "--max-context", "5000")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert "Error: max context 5,000 positions exceeds the 4,096 the model was trained for" in result.stderr
     assert "Traceback" not in result.stderr
